@@ -1,0 +1,177 @@
+-- outbox 0.1.0: the transactional outbox.
+--
+-- An application writes its business rows and calls outbox_enqueue() (or
+-- INSERTs into outbox_message) in the same transaction.  The outbox
+-- background worker publishes each committed row to Kafka and then deletes
+-- it, keeps it as 'sent' (outbox.sent_retention), schedules a retry, or moves
+-- it to outbox_dead_letter.
+
+\echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+-- The outbox itself.  Only rows not yet sent are the worker's work; the
+-- partial indexes below cover exactly those, so delivered rows kept for
+-- history never slow down the claim.
+CREATE TABLE outbox_message (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id      uuid NOT NULL DEFAULT gen_random_uuid(),
+    topic           text NOT NULL,
+    key             text,
+    payload         bytea NOT NULL,
+    headers         jsonb,
+    state           text NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending', 'retrying', 'sent')),
+    attempts        integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    last_error      text,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    sent_at         timestamptz,
+    kafka_partition integer,
+    kafka_offset    bigint
+);
+
+COMMENT ON TABLE outbox_message IS
+    'Messages waiting to be published to Kafka (and, under outbox.sent_retention, recently sent ones)';
+
+-- The claim walks waiting rows in id order.
+CREATE INDEX outbox_message_waiting
+    ON outbox_message (id) WHERE state <> 'sent';
+
+-- A message waiting to retry holds back the later messages of its key.
+CREATE INDEX outbox_message_retrying_key
+    ON outbox_message (topic, key, id) WHERE state = 'retrying';
+
+-- Purging delivered rows kept under outbox.sent_retention.
+CREATE INDEX outbox_message_sent
+    ON outbox_message (sent_at) WHERE state = 'sent';
+
+-- Messages that could not be delivered: a permanent error from Kafka, or
+-- outbox.max_attempts failed attempts.
+CREATE TABLE outbox_dead_letter (
+    id          bigint PRIMARY KEY,
+    message_id  uuid NOT NULL,
+    topic       text NOT NULL,
+    key         text,
+    payload     bytea NOT NULL,
+    headers     jsonb,
+    attempts    integer NOT NULL,
+    created_at  timestamptz NOT NULL,
+    failed_at   timestamptz NOT NULL DEFAULT now(),
+    error       text NOT NULL
+);
+
+COMMENT ON TABLE outbox_dead_letter IS
+    'Messages the outbox worker gave up on, with the reason; see outbox_requeue() and outbox_discard()';
+
+CREATE INDEX outbox_dead_letter_topic ON outbox_dead_letter (topic);
+
+SELECT pg_catalog.pg_extension_config_dump('outbox_message', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox_dead_letter', '');
+
+-- Enqueue: check the message, insert it, wake the worker at commit.
+CREATE FUNCTION outbox_enqueue(topic text, payload jsonb,
+                               key text DEFAULT NULL, headers jsonb DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_enqueue_jsonb'
+LANGUAGE C VOLATILE;
+
+CREATE FUNCTION outbox_enqueue(topic text, payload text,
+                               key text DEFAULT NULL, headers jsonb DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_enqueue_text'
+LANGUAGE C VOLATILE;
+
+CREATE FUNCTION outbox_enqueue(topic text, payload bytea,
+                               key text DEFAULT NULL, headers jsonb DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_enqueue_bytea'
+LANGUAGE C VOLATILE;
+
+-- A plain INSERT INTO outbox_message gets the same checks and the same wake.
+CREATE FUNCTION outbox_message_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_message_check'
+LANGUAGE C;
+
+CREATE TRIGGER outbox_message_check
+    BEFORE INSERT ON outbox_message
+    FOR EACH ROW EXECUTE FUNCTION outbox_message_check();
+
+-- Dead letters: put one back into the outbox (it is published after the
+-- messages already waiting), or drop it for good.
+CREATE FUNCTION outbox_requeue(dead_letter_id bigint)
+RETURNS bigint
+LANGUAGE sql VOLATILE STRICT
+BEGIN ATOMIC
+    WITH requeued AS (
+        DELETE FROM outbox_dead_letter WHERE id = dead_letter_id
+        RETURNING message_id, topic, key, payload, headers, created_at
+    )
+    INSERT INTO outbox_message (message_id, topic, key, payload, headers, created_at)
+    SELECT message_id, topic, key, payload, headers, created_at FROM requeued
+    RETURNING id;
+END;
+
+COMMENT ON FUNCTION outbox_requeue(bigint) IS
+    'Move a dead letter back into the outbox; returns its new outbox id, or NULL if there is no such dead letter';
+
+CREATE FUNCTION outbox_discard(dead_letter_id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE STRICT
+BEGIN ATOMIC
+    WITH discarded AS (
+        DELETE FROM outbox_dead_letter WHERE id = dead_letter_id RETURNING 1
+    )
+    SELECT count(*) > 0 FROM discarded;
+END;
+
+COMMENT ON FUNCTION outbox_discard(bigint) IS
+    'Delete a dead letter for good; returns whether it existed';
+
+-- One row per topic that has messages waiting, retrying, kept as sent, or
+-- dead-lettered.
+CREATE VIEW outbox_status AS
+WITH outbox AS (
+    SELECT topic,
+           count(*) FILTER (WHERE state = 'pending')  AS waiting,
+           count(*) FILTER (WHERE state = 'retrying') AS retrying,
+           count(*) FILTER (WHERE state = 'sent')     AS sent_retained,
+           now() - min(created_at) FILTER (WHERE state <> 'sent') AS oldest_waiting_age,
+           max(sent_at) AS last_sent_at
+    FROM outbox_message
+    GROUP BY topic
+), dead AS (
+    SELECT topic, count(*) AS dead_letters, max(failed_at) AS last_failed_at
+    FROM outbox_dead_letter
+    GROUP BY topic
+)
+SELECT coalesce(o.topic, d.topic)     AS topic,
+       coalesce(o.waiting, 0)         AS waiting,
+       coalesce(o.retrying, 0)        AS retrying,
+       o.oldest_waiting_age,
+       coalesce(d.dead_letters, 0)    AS dead_letters,
+       coalesce(o.sent_retained, 0)   AS sent_retained,
+       o.last_sent_at,
+       d.last_failed_at
+FROM outbox o FULL JOIN dead d USING (topic)
+ORDER BY 1;
+
+-- The worker, as its shared memory shows it.
+CREATE FUNCTION outbox_worker_status(
+    OUT worker_id integer,
+    OUT database text,
+    OUT pid integer,
+    OUT state text,
+    OUT brokers text,
+    OUT brokers_reachable boolean,
+    OUT started_at timestamptz,
+    OUT published bigint,
+    OUT failed bigint,
+    OUT dead_lettered bigint,
+    OUT last_publish_at timestamptz,
+    OUT last_error text,
+    OUT last_error_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_status'
+LANGUAGE C STRICT VOLATILE;
+
+CREATE VIEW outbox_worker AS SELECT * FROM outbox_worker_status();

@@ -1,0 +1,91 @@
+-- Every refused input: an ERROR with a SQLSTATE, a message and a hint, and
+-- nothing left behind.  Both ways in, outbox_enqueue() and INSERT.
+\set SHOW_CONTEXT never
+TRUNCATE outbox_message;
+
+SELECT outbox_enqueue(NULL, '{}'::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('', '{}'::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('orders/created', '{}'::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('ordres créés', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('.', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('..', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue(repeat('t', 250), 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+-- the limits themselves are accepted
+SELECT outbox_enqueue(repeat('t', 249), 'x'::text) > 0 AS longest_topic_ok;
+SELECT outbox_enqueue('...', 'x'::text) > 0 AS three_dots_ok;
+SELECT outbox_enqueue('a-Z_0.9', 'x'::text) > 0 AS all_classes_ok;
+
+SELECT outbox_enqueue('t', NULL::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', NULL::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', NULL::bytea);
+\echo :LAST_ERROR_SQLSTATE
+
+SET outbox.max_payload_size = 10;
+SELECT outbox_enqueue('t', '12345678901'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', '{"a": "12345"}'::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', '\x0102030405060708090a0b'::bytea);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', '1234567890'::text) > 0 AS at_limit_ok;
+RESET outbox.max_payload_size;
+SHOW outbox.max_payload_size;
+-- over the default limit of 1000000 bytes
+SELECT outbox_enqueue('t', repeat('x', 1000001));
+\echo :LAST_ERROR_SQLSTATE
+
+SELECT outbox_enqueue('t', 'x'::text, 'k', '[1, 2]');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, 'k', '"a string"');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, 'k', '{"n": 1}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, 'k', '{"nested": {"a": "b"}}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, 'k', '{"flag": true}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, 'k', '{"a": "b", "c": null}') > 0 AS string_and_null_headers_ok;
+
+-- the same rules for a direct INSERT
+INSERT INTO outbox_message (topic, payload) VALUES (NULL, 'x');
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload) VALUES ('bad topic', 'x');
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload) VALUES ('t', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SET outbox.max_payload_size = 10;
+INSERT INTO outbox_message (topic, payload) VALUES ('t', '\x0102030405060708090a0b');
+\echo :LAST_ERROR_SQLSTATE
+RESET outbox.max_payload_size;
+INSERT INTO outbox_message (topic, payload, headers) VALUES ('t', 'x', '{"n": 1}');
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload, state) VALUES ('t', 'x', 'sent');
+\echo :LAST_ERROR_SQLSTATE
+
+-- a refused row in a transaction takes the whole transaction with it
+BEGIN;
+SELECT outbox_enqueue('t', 'first'::text) > 0 AS enqueued;
+SELECT outbox_enqueue('bad topic', 'second'::text);
+COMMIT;
+
+-- only the accepted messages are there
+SELECT topic = repeat('t', 249) AS long_topic, convert_from(payload, 'UTF8') AS payload,
+       headers
+  FROM outbox_message ORDER BY id;
+
+-- only superusers may raise the payload limit
+CREATE ROLE outbox_app;
+SET ROLE outbox_app;
+SET outbox.max_payload_size = 2000000;
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+DROP ROLE outbox_app;

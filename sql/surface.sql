@@ -1,0 +1,52 @@
+-- The SQL surface: enqueue in all three payload types, a direct INSERT, the
+-- stored bytes, ids in order, and the settings with their defaults.
+CREATE EXTENSION outbox;
+
+SELECT outbox_enqueue('user.registered', '{"user_id": 42, "name": "Li"}'::jsonb, 'user-42',
+                      '{"trace-id": "t-1", "empty": null}') AS jsonb_id \gset
+SELECT outbox_enqueue('sms.welcome', 'Welcome, Li!'::text) AS text_id \gset
+SELECT outbox_enqueue('coupon.issue', '\x00ff10'::bytea, 'user-42') AS bytea_id \gset
+SELECT :jsonb_id < :text_id AND :text_id < :bytea_id AS ids_in_call_order;
+
+-- jsonb goes as its canonical text, text and bytea byte for byte
+SELECT topic, key, payload, headers, state, attempts, last_error,
+       message_id IS NOT NULL AS has_message_id,
+       next_attempt_at <= now() AS due_now,
+       created_at <= clock_timestamp() AS created_in_past
+  FROM outbox_message ORDER BY id;
+SELECT convert_from(payload, 'UTF8') FROM outbox_message WHERE id = :jsonb_id;
+
+-- a plain INSERT is an equal way to enqueue
+INSERT INTO outbox_message (topic, key, payload, headers)
+VALUES ('crm.sync', 'user-42', convert_to('{"op":"upsert"}', 'UTF8'), '{"source": "insert"}')
+RETURNING topic, key, state, attempts;
+
+-- several rows in one statement keep their order
+INSERT INTO outbox_message (topic, key, payload)
+SELECT 'multi', 'k', convert_to(i::text, 'UTF8') FROM generate_series(1, 3) i;
+SELECT convert_from(payload, 'UTF8') AS payload FROM outbox_message WHERE topic = 'multi' ORDER BY id;
+
+-- a rolled-back enqueue leaves nothing
+BEGIN;
+SELECT outbox_enqueue('rolled.back', 'x'::text) > 0 AS enqueued;
+ROLLBACK;
+SELECT count(*) AS rolled_back_rows FROM outbox_message WHERE topic = 'rolled.back';
+
+-- the settings and their defaults
+SELECT name, setting, unit, context FROM pg_settings
+ WHERE name LIKE 'outbox.%' AND name NOT IN ('outbox.brokers', 'outbox.database')
+ ORDER BY name;
+
+-- unknown settings under the outbox prefix are refused
+SET outbox.no_such_setting = 1;
+
+-- outbox.kafka_properties may hold secrets: hidden from ordinary roles
+CREATE ROLE outbox_reader;
+SET ROLE outbox_reader;
+SHOW outbox.kafka_properties;
+SELECT count(*) AS visible FROM pg_settings WHERE name = 'outbox.kafka_properties';
+RESET ROLE;
+DROP ROLE outbox_reader;
+
+-- a malformed outbox.kafka_properties is refused
+ALTER SYSTEM SET outbox.kafka_properties = 'compression.type';

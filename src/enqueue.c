@@ -1,0 +1,410 @@
+/*-------------------------------------------------------------------------
+ *
+ * enqueue.c
+ *	  The application's side: outbox_enqueue(), the checks on every new
+ *	  outbox row, per-key ordering of concurrent enqueues, and the wake of
+ *	  the worker when a transaction that enqueued commits.
+ *
+ * Both ways in, outbox_enqueue() and a plain INSERT INTO outbox_message,
+ * end in the row trigger outbox_message_check(), so both get the same checks
+ * and the same wake.  Checks raise an ERROR in the application's own
+ * transaction, so a message that could never be delivered is refused before
+ * it is committed.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/detoast.h"
+#include "access/xact.h"
+#include "catalog/dependency.h"
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
+#include "commands/trigger.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "storage/lock.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+
+#include "outbox.h"
+
+/*
+ * The advisory lock that orders concurrent enqueues of one (topic, key) is
+ * told apart from the application's own advisory locks (which use 1 and 2)
+ * by this value in the lock tag's last field.
+ */
+#define OUTBOX_KEY_LOCK_TAG 0x4f42
+
+/* Set when this transaction wrote an outbox row; the commit wakes the worker. */
+static bool wake_worker_at_commit = false;
+
+/* The INSERT that outbox_enqueue() runs, prepared once per schema. */
+static SPIPlanPtr enqueue_plan = NULL;
+static Oid	enqueue_plan_namespace = InvalidOid;
+
+/* The identity sequence of outbox_message, found once per table. */
+static Oid	id_sequence_table = InvalidOid;
+static Oid	id_sequence = InvalidOid;
+
+PG_FUNCTION_INFO_V1(outbox_enqueue_jsonb);
+PG_FUNCTION_INFO_V1(outbox_enqueue_text);
+PG_FUNCTION_INFO_V1(outbox_enqueue_bytea);
+PG_FUNCTION_INFO_V1(outbox_message_check);
+
+/*
+ * Refuse a topic Kafka would refuse: Kafka allows only ASCII letters,
+ * digits, '.', '_' and '-', at most 249 characters, and not "." or "..".
+ */
+static void
+check_topic(text *topic)
+{
+	const char *s;
+	int			len;
+
+	if (topic == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox topic must not be NULL"),
+				 errhint("Name the Kafka topic the message goes to.")));
+
+	s = VARDATA_ANY(topic);
+	len = VARSIZE_ANY_EXHDR(topic);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox topic must not be empty"),
+				 errhint("Name the Kafka topic the message goes to.")));
+	if (len > 249)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox topic is %d characters long, Kafka allows at most 249", len),
+				 errhint("Use a shorter topic name.")));
+	if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox topic \"%.*s\" is not a valid Kafka topic name", len, s),
+				 errhint("Kafka does not allow the topic names \".\" and \"..\".")));
+	for (int i = 0; i < len; i++)
+	{
+		char		c = s[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox topic \"%.*s\" is not a valid Kafka topic name", len, s),
+					 errdetail("Character %d is not allowed.", i + 1),
+					 errhint("Kafka topic names may contain only ASCII letters, digits, \".\", \"_\" and \"-\".")));
+	}
+}
+
+static void
+check_payload_size(Size size)
+{
+	if (size > (Size) outbox_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox payload is %zu bytes, more than outbox.max_payload_size (%d bytes)",
+						size, outbox_max_payload_size),
+				 errhint("Kafka refuses larger messages unless the broker and topic are configured for them; "
+						 "store large content elsewhere and enqueue a reference to it.")));
+}
+
+/* Kafka headers are name/value pairs of bytes: a JSON object of strings. */
+static void
+check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken token;
+	bool		expect_value = false;
+
+	if (headers == NULL)
+		return;
+
+	if (!JB_ROOT_IS_OBJECT(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox headers must be a JSON object"),
+				 errhint("Pass headers as an object of string values, for example '{\"trace-id\": \"abc\"}'.")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (token == WJB_KEY)
+			expect_value = true;
+		else if (token == WJB_VALUE && expect_value)
+		{
+			if (v.type != jbvString && v.type != jbvNull)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header values must be strings or null"),
+						 errhint("Turn numbers, booleans and nested values into strings.")));
+			expect_value = false;
+		}
+	}
+}
+
+/*
+ * Order concurrent enqueues of one (topic, key): hold a transaction-level
+ * lock on the pair, so that a second transaction enqueueing for the same key
+ * waits until the first one ends.  Ids are then handed out in the order the
+ * transactions commit, and the worker, which publishes in id order, can never
+ * publish a message of a key while an earlier one is still uncommitted.
+ *
+ * Returns true if this transaction did not hold the lock before.
+ */
+static bool
+lock_message_key(text *topic, text *key)
+{
+	uint64		h;
+	LOCKTAG		tag;
+
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(topic),
+							VARSIZE_ANY_EXHDR(topic), 0);
+	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
+											  VARSIZE_ANY_EXHDR(key), 0));
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 OUTBOX_KEY_LOCK_TAG);
+	return LockAcquire(&tag, ExclusiveLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
+}
+
+/* Insert a checked message through a plan prepared once; returns its id. */
+static int64
+insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *headers)
+{
+	Datum		values[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+	bool		isnull;
+	int64		id;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+
+	if (enqueue_plan == NULL || enqueue_plan_namespace != namespace)
+	{
+		Oid			argtypes[4] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID};
+		char	   *sql;
+		SPIPlanPtr	plan;
+
+		sql = psprintf("INSERT INTO %s.outbox_message (topic, key, payload, headers) "
+					   "VALUES ($1, $2, $3, $4) RETURNING id",
+					   quote_identifier(get_namespace_name(namespace)));
+		plan = SPI_prepare(sql, 4, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the enqueue statement: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		if (enqueue_plan)
+			SPI_freeplan(enqueue_plan);
+		enqueue_plan = plan;
+		enqueue_plan_namespace = namespace;
+	}
+
+	values[0] = PointerGetDatum(topic);
+	values[1] = PointerGetDatum(key);
+	nulls[1] = key ? ' ' : 'n';
+	values[2] = PointerGetDatum(payload);
+	values[3] = PointerGetDatum(headers);
+	nulls[3] = headers ? ' ' : 'n';
+
+	if (SPI_execute_plan(enqueue_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
+		SPI_processed != 1)
+		elog(ERROR, "outbox: enqueue insert did not return an id");
+
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return id;
+}
+
+/*
+ * The common part of the three outbox_enqueue() variants, once the payload
+ * is in its bytes.  The trigger repeats the row checks; they are cheap, and
+ * checking here first lets the errors name the function's arguments.
+ */
+static Datum
+enqueue(FunctionCallInfo fcinfo, bytea *payload)
+{
+	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+	Jsonb	   *headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+
+	check_topic(topic);
+	check_headers(headers);
+	if (key)
+		lock_message_key(topic, key);
+
+	PG_RETURN_INT64(insert_message(get_func_namespace(fcinfo->flinfo->fn_oid),
+								   topic, key, payload, headers));
+}
+
+static void
+check_payload_not_null(FunctionCallInfo fcinfo)
+{
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox payload must not be NULL"),
+				 errhint("Enqueue an empty payload ('') or a JSON null ('null'::jsonb) if the message has no content.")));
+}
+
+Datum
+outbox_enqueue_jsonb(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *json;
+	char	   *serialized;
+
+	check_payload_not_null(fcinfo);
+	json = PG_GETARG_JSONB_P(1);
+	serialized = JsonbToCString(NULL, &json->root, VARSIZE(json));
+	check_payload_size(strlen(serialized));
+	return enqueue(fcinfo, (bytea *) cstring_to_text(serialized));
+}
+
+Datum
+outbox_enqueue_text(PG_FUNCTION_ARGS)
+{
+	text	   *payload;
+
+	check_payload_not_null(fcinfo);
+	payload = PG_GETARG_TEXT_PP(1);
+	check_payload_size(VARSIZE_ANY_EXHDR(payload));
+	/* text and bytea share their representation: the bytes go as they are */
+	return enqueue(fcinfo, (bytea *) payload);
+}
+
+Datum
+outbox_enqueue_bytea(PG_FUNCTION_ARGS)
+{
+	bytea	   *payload;
+
+	check_payload_not_null(fcinfo);
+	payload = PG_GETARG_BYTEA_PP(1);
+	check_payload_size(VARSIZE_ANY_EXHDR(payload));
+	return enqueue(fcinfo, payload);
+}
+
+/* Give the row an id drawn now, while its key's lock is held. */
+static HeapTuple
+renumber_row(Relation rel, HeapTuple tuple, int id_attnum)
+{
+	Datum		value;
+	bool		isnull = false;
+
+	if (id_sequence_table != RelationGetRelid(rel))
+	{
+		id_sequence = getIdentitySequence(RelationGetRelid(rel), id_attnum, false);
+		id_sequence_table = RelationGetRelid(rel);
+	}
+	value = Int64GetDatum(nextval_internal(id_sequence, false));
+	return heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel), 1, &id_attnum,
+									 &value, &isnull);
+}
+
+/*
+ * BEFORE INSERT row trigger on outbox_message: the same checks as
+ * outbox_enqueue(), the per-key lock, and the wake at commit.
+ */
+Datum
+outbox_message_check(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	TupleDesc	desc;
+	HeapTuple	tuple;
+	bool		isnull;
+	Datum		value;
+	text	   *topic;
+	text	   *key;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
+
+	rel = trigdata->tg_relation;
+	desc = RelationGetDescr(rel);
+	tuple = trigdata->tg_trigtuple;
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "topic"), desc, &isnull);
+	topic = isnull ? NULL : DatumGetTextPP(value);
+	check_topic(topic);
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "payload"), desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox payload must not be NULL"),
+				 errhint("Insert an empty payload ('') if the message has no content.")));
+	check_payload_size(toast_raw_datum_size(value) - VARHDRSZ);
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "headers"), desc, &isnull);
+	check_headers(isnull ? NULL : DatumGetJsonbP(value));
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "state"), desc, &isnull);
+	if (!isnull && strcmp(TextDatumGetCString(value), "pending") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a new outbox message must be in state \"pending\""),
+				 errhint("Leave the state column out of the INSERT.")));
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "key"), desc, &isnull);
+	key = isnull ? NULL : DatumGetTextPP(value);
+
+	/*
+	 * The row's id was drawn before this trigger ran.  If the key's lock is
+	 * new to this transaction, another transaction may have drawn a later id
+	 * for the same key and committed meanwhile, so draw the id again.
+	 */
+	if (key && lock_message_key(topic, key))
+		tuple = renumber_row(rel, tuple, SPI_fnumber(desc, "id"));
+
+	wake_worker_at_commit = true;
+	return PointerGetDatum(tuple);
+}
+
+/*
+ * At commit of a transaction that wrote outbox rows, set the worker's latch,
+ * once however many rows it wrote.  An abort forgets the wake.
+ */
+static void
+wake_worker_at_transaction_end(XactEvent event, void *arg)
+{
+	Latch	   *latch;
+
+	if (!wake_worker_at_commit)
+		return;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			SpinLockAcquire(&outbox_shared->worker.mutex);
+			latch = outbox_shared->worker.latch;
+			SpinLockRelease(&outbox_shared->worker.mutex);
+			if (latch)
+				SetLatch(latch);
+			wake_worker_at_commit = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			wake_worker_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+void
+outbox_register_commit_wake(void)
+{
+	RegisterXactCallback(wake_worker_at_transaction_end, NULL);
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+# Topic administration for the tests.
+#   admin.py --brokers B create-topic NAME [--partitions N] [--config k=v ...] [--if-not-exists]
+#   admin.py --brokers B alter-config NAME k=v ...
+#   admin.py --brokers B delete-topic NAME
+#   admin.py --brokers B list-topics
+# /usr/bin/python3 on purpose: confluent_kafka comes from Debian's
+# python3-confluent-kafka, which other interpreters (pyenv) do not see.
+import argparse
+import sys
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
+
+TIMEOUT = 30
+
+
+def key_values(pairs):
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            sys.exit(f"admin.py: expected k=v, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def wait_metadata(admin, name, present):
+    """Wait until the broker's metadata shows the topic (with a leader for every
+    partition) or no longer shows it: the controller acknowledges before the
+    broker has applied the change, and a test producing right after would race."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(timeout=TIMEOUT).topics.get(name)
+        ready = (topic is not None and topic.error is None and topic.partitions
+                 and all(p.leader >= 0 for p in topic.partitions.values()))
+        if bool(ready) == present:
+            return
+        time.sleep(0.1)
+    sys.exit(f"admin.py: topic {name} still {'missing' if present else 'present'} after {TIMEOUT}s")
+
+
+def create_topic(admin, args):
+    topic = NewTopic(args.name, num_partitions=args.partitions, replication_factor=1,
+                     config=key_values(args.config))
+    try:
+        admin.create_topics([topic], request_timeout=TIMEOUT)[args.name].result()
+    except KafkaException as e:
+        if not (args.if_not_exists and e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
+    wait_metadata(admin, args.name, True)
+
+
+def alter_config(admin, args):
+    # librdkafka 2.0.2 has no IncrementalAlterConfigs, and AlterConfigs replaces
+    # all of a topic's dynamic configs: carry the existing ones over.
+    resource = ConfigResource(ConfigResource.Type.TOPIC, args.name)
+    current = admin.describe_configs([resource], request_timeout=TIMEOUT)[resource].result()
+    configs = {k: c.value for k, c in current.items()
+               if ConfigSource(c.source) == ConfigSource.DYNAMIC_TOPIC_CONFIG}
+    configs.update(key_values(args.pairs))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, args.name, set_config=configs)
+    admin.alter_configs([resource], request_timeout=TIMEOUT)[resource].result()
+
+
+def delete_topic(admin, args):
+    admin.delete_topics([args.name], request_timeout=TIMEOUT)[args.name].result()
+    wait_metadata(admin, args.name, False)
+
+
+def list_topics(admin, args):
+    for name in sorted(admin.list_topics(timeout=TIMEOUT).topics):
+        print(name)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Kafka topic administration for tests")
+    parser.add_argument("--brokers", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("create-topic")
+    p.add_argument("name")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--config", action="append", default=[], metavar="K=V")
+    p.add_argument("--if-not-exists", action="store_true")
+    p.set_defaults(run=create_topic)
+    p = sub.add_parser("alter-config")
+    p.add_argument("name")
+    p.add_argument("pairs", nargs="+", metavar="K=V")
+    p.set_defaults(run=alter_config)
+    p = sub.add_parser("delete-topic")
+    p.add_argument("name")
+    p.set_defaults(run=delete_topic)
+    p = sub.add_parser("list-topics")
+    p.set_defaults(run=list_topics)
+    args = parser.parse_args()
+
+    admin = AdminClient({"bootstrap.servers": args.brokers})
+    try:
+        args.run(admin, args)
+    except KafkaException as e:
+        sys.exit(f"admin.py {args.command}: {e.args[0]}")
+
+
+if __name__ == "__main__":
+    main()

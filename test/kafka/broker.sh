@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Single-node Apache Kafka broker (KRaft, broker+controller in one JVM) for tests,
+# run straight from Maven Central jars: no Docker, no tarball.
+#
+# usage: broker.sh fetch|start|stop|kill|status|wait
+#   KAFKA_PORT        client port, loopback only (default 19092); controller = +1
+#   KAFKA_DIR         data, logs, config and pid file (default /tmp/outbox-kafka-$KAFKA_PORT)
+#   KAFKA_HEAP        JVM heap (default 512m)
+#   KAFKA_PARTITIONS  partitions of auto-created topics (default 1)
+#   KAFKA_EXTRA_PROPS extra server.properties lines; they come last, so they win
+#   KAFKA_VERSION     kafka_2.13 version on Maven Central (default 4.1.2)
+#   KAFKA_WAIT        seconds start/wait give the broker to answer (default 90)
+set -euo pipefail
+
+KAFKA_VERSION=${KAFKA_VERSION:-4.1.2}
+KAFKA_PORT=${KAFKA_PORT:-19092}
+KAFKA_DIR=${KAFKA_DIR:-/tmp/outbox-kafka-$KAFKA_PORT}
+KAFKA_HEAP=${KAFKA_HEAP:-512m}
+KAFKA_WAIT=${KAFKA_WAIT:-90}
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/outbox/kafka-$KAFKA_VERSION
+LIBS=$CACHE/libs
+PIDFILE=$KAFKA_DIR/broker.pid
+BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+# Small heap and the serial collector: a 2-core machine shares its CPUs with
+# PostgreSQL and the tests.
+JAVA=(java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseSerialGC -Djava.awt.headless=true
+    -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.xml" -cp "$LIBS/*")
+
+say() { echo "broker.sh: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+# Install a Debian package when its command is missing (fresh CI machines).
+need() {
+    local cmd=$1; shift
+    command -v "$cmd" >/dev/null || { say "installing $*"; apt-get install -y -q "$@" >&2; }
+}
+
+fetch() {
+    [ -d "$LIBS" ] && return 0
+    need mvn maven default-jre-headless
+    mkdir -p "$CACHE"
+    # kafka_2.13 leaves the logging backend to the distribution, so add log4j2
+    # and its binding for the slf4j 1.7 API the broker logs through.
+    cat >"$CACHE/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>outbox.test</groupId>
+  <artifactId>kafka-broker</artifactId>
+  <version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>2.24.3</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>2.24.3</version></dependency>
+  </dependencies>
+</project>
+EOF
+    say "fetching kafka_2.13:$KAFKA_VERSION jars into $LIBS"
+    # Copy into a temporary dir and rename, so an interrupted fetch is redone.
+    rm -rf "$LIBS.tmp"
+    mvn -q -B -f "$CACHE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory="$LIBS.tmp" >"$CACHE/mvn.out" 2>&1 ||
+        { cat "$CACHE/mvn.out" >&2; die "mvn failed"; }
+    mv "$LIBS.tmp" "$LIBS"
+}
+
+pid_of() {
+    local pid
+    pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    # A reused pid or a zombie (empty cmdline) does not count as our broker.
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q kafka.Kafka || return 1
+    echo "$pid"
+}
+
+running() { pid_of >/dev/null; }
+
+# Rewritten on every start so KAFKA_EXTRA_PROPS and friends apply to restarts;
+# node id, ports and log.dirs stay the same, so the stored data stays valid.
+write_config() {
+    mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
+    cat >"$KAFKA_DIR/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://$BOOTSTRAP,CONTROLLER://127.0.0.1:$((KAFKA_PORT + 1))
+advertised.listeners=PLAINTEXT://$BOOTSTRAP
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+controller.quorum.bootstrap.servers=127.0.0.1:$((KAFKA_PORT + 1))
+log.dirs=$KAFKA_DIR/data
+# One broker: internal topics cannot have more than one replica, and few
+# partitions make the first group/transaction coordinator lookup fast.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+num.partitions=${KAFKA_PARTITIONS:-1}
+auto.create.topics.enable=true
+group.initial.rebalance.delay.ms=0
+# After a SIGKILL the restarted broker cannot register until the controller
+# has expired the old one's session (default 9 s); keep that short.
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=3000
+# The cleaner's default 128 MiB buffer would dominate a 512 MiB heap
+# (Kafka wants more than 1 MiB per cleaner thread).
+log.cleaner.dedupe.buffer.size=2097152
+${KAFKA_EXTRA_PROPS:-}
+EOF
+    # Log to a file in KAFKA_DIR; the terminal only sees our progress lines.
+    # log4j's own shutdown hook would stop logging before the broker's shutdown
+    # hook has finished, losing the end of a SIGTERM shutdown.
+    cat >"$KAFKA_DIR/log4j2.xml" <<EOF
+<Configuration status="warn" shutdownHook="disable">
+  <Appenders>
+    <File name="file" fileName="$KAFKA_DIR/logs/server.log">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Root level="info"><AppenderRef ref="file"/></Root>
+  </Loggers>
+</Configuration>
+EOF
+}
+
+log_tail() {
+    say "last lines of $KAFKA_DIR/logs/server.log and broker.out:"
+    tail -n 30 "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/broker.out" >&2 2>/dev/null || true
+}
+
+wait_ready() {
+    need kcat kcat
+    local deadline=$((SECONDS + KAFKA_WAIT))
+    # Listing all topics (no -t) so the probe never auto-creates one; the broker
+    # appears in the metadata only once it is unfenced and can take produce requests.
+    until kcat -L -b "$BOOTSTRAP" -m 2 2>/dev/null | grep -q "broker 1 at"; do
+        if [ -f "$PIDFILE" ] && ! running; then
+            log_tail; die "broker process exited"
+        fi
+        if ((SECONDS >= deadline)); then
+            log_tail; die "broker not answering on $BOOTSTRAP after ${KAFKA_WAIT}s"
+        fi
+        sleep 0.5
+    done
+}
+
+start() {
+    if running; then say "already running (pid $(pid_of))"; return 0; fi
+    fetch
+    write_config
+    # Format once; formatting again would fail (or, forced, wipe the cluster id).
+    if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+        # A cluster id is 16 random bytes in base64url; one starting with '-'
+        # would be read as an option, as Kafka's own random-uuid also avoids.
+        local id=-
+        while [[ $id == -* ]]; do
+            id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+        done
+        say "formatting $KAFKA_DIR/data (cluster $id)"
+        "${JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$id" \
+            -c "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/format.out" 2>&1 ||
+            { cat "$KAFKA_DIR/format.out" >&2; die "format failed"; }
+    fi
+    say "starting on $BOOTSTRAP (dir $KAFKA_DIR)"
+    # setsid: the broker outlives this shell and the caller's process group.
+    setsid "${JAVA[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" \
+        </dev/null >>"$KAFKA_DIR/broker.out" 2>&1 &
+    echo $! >"$PIDFILE"
+    wait_ready
+    say "ready after ${SECONDS}s"
+}
+
+# Wait up to $1 seconds for the broker process to be gone.
+wait_exit() {
+    local deadline=$((SECONDS + $1))
+    while running && ((SECONDS < deadline)); do sleep 0.2; done
+    ! running
+}
+
+stop() {
+    running || { say "not running"; return 0; }
+    say "stopping pid $(pid_of)"
+    kill -TERM "$(pid_of)"
+    if ! wait_exit "${KAFKA_STOP_WAIT:-30}"; then
+        say "no exit after SIGTERM, sending SIGKILL"
+        kill -KILL "$(pid_of)"
+        wait_exit 10 || die "pid still there after SIGKILL"
+    fi
+    rm -f "$PIDFILE"
+}
+
+kill9() {
+    running || { say "not running"; return 0; }
+    say "killing pid $(pid_of)"
+    kill -KILL "$(pid_of)"
+    wait_exit 10 || die "pid still there after SIGKILL"
+    rm -f "$PIDFILE"
+}
+
+case ${1:-} in
+fetch) fetch ;;
+start) start ;;
+stop) stop ;;
+kill) kill9 ;;
+status) running ;;
+wait) wait_ready ;;
+*) die "usage: $0 fetch|start|stop|kill|status|wait" ;;
+esac
