@@ -31,8 +31,10 @@ PROVE_TESTS = test/t/*.pl
 EXTRA_CLEAN = tmp_regress
 
 TAP_TESTS = 1
-PROVE_FLAGS = -I $(srcdir)/test/perl
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# After pgxs, which resets it: the tests' shared module, and timings.
+PROVE_FLAGS += -I $(srcdir)/test/perl --timer

@@ -67,7 +67,7 @@ pid_of() {
     local pid
     pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
     # A reused pid or a zombie (empty cmdline) does not count as our broker.
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q kafka.Kafka || return 1
+    tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q kafka.Kafka || return 1
     echo "$pid"
 }
 
@@ -124,8 +124,14 @@ EOF
 }
 
 log_tail() {
-    say "last lines of $KAFKA_DIR/logs/server.log and broker.out:"
-    tail -n 30 "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/broker.out" >&2 2>/dev/null || true
+    local log=$KAFKA_DIR/logs/server.log
+    {
+        # The cause is usually an ERROR line far above the end of the log.
+        say "errors in $log:"
+        grep -A1 -E '^\[[^]]*\] (ERROR|FATAL)' "$log" 2>/dev/null | tail -n 20 || true
+        say "last lines of $log and broker.out:"
+        tail -n 20 "$log" "$KAFKA_DIR/broker.out" 2>/dev/null || true
+    } >&2
 }
 
 wait_ready() {
@@ -162,9 +168,13 @@ start() {
             { cat "$KAFKA_DIR/format.out" >&2; die "format failed"; }
     fi
     say "starting on $BOOTSTRAP (dir $KAFKA_DIR)"
+    # One log per run (the previous one kept), so errors shown are this run's.
+    if [ -f "$KAFKA_DIR/logs/server.log" ]; then
+        mv "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/logs/server.log.1"
+    fi
     # setsid: the broker outlives this shell and the caller's process group.
     setsid "${JAVA[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" \
-        </dev/null >>"$KAFKA_DIR/broker.out" 2>&1 &
+        </dev/null >"$KAFKA_DIR/broker.out" 2>&1 &
     echo $! >"$PIDFILE"
     wait_ready
     say "ready after ${SECONDS}s"
