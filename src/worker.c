@@ -138,9 +138,10 @@ make_key_set(int size)
 /*
  * Produce a claimed batch and wait for its delivery reports, keeping
  * per-key order: once a message of a key is not delivered, the later
- * messages of that key in the batch are not produced, or, if Kafka already
- * took them, not recorded as delivered ahead of it.  Returns false if the
- * producer must be made anew.
+ * messages of that key in the batch are not produced, or, if they were,
+ * neither recorded as delivered ahead of it nor charged an attempt: they stay
+ * as they were, and the claim holds them back until their turn.  Returns
+ * false if the producer must be made anew.
  */
 static bool
 publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
@@ -169,8 +170,9 @@ publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
 
 		if (m->outcome == DELIVERY_PENDING)
 			m->outcome = DELIVERY_NOT_SENT;
-		if (m->outcome == DELIVERY_OK && key_is_held(held, m))
-			m->outcome = DELIVERY_NOT_SENT;
+		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
+			key_is_held(held, m))
+			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
 		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
 			hold_key(held, m);
 	}

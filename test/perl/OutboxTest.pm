@@ -19,7 +19,9 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
-  broker_ctl kafka_admin message_id_header);
+  broker_ctl kafka_admin message_id_header run_pgbench
+  start_pgbench finish_pgbench
+  check_delivery);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
 
@@ -93,6 +95,76 @@ sub wait_for_query
 		sleep(0.1);
 	}
 	return 0;
+}
+
+# Run a pgbench script (text) against the node's postgres database; returns
+# pgbench's output.  -n: no vacuum of pgbench's own tables, which do not exist.
+sub run_pgbench
+{
+	my ($node, $script, @args) = @_;
+	my $file = PostgreSQL::Test::Utils::tempdir() . '/script.sql';
+	PostgreSQL::Test::Utils::append_to_file($file, $script);
+	my ($stdout, $stderr);
+	IPC::Run::run([ 'pgbench', '-n', '-f', $file, @args, '-d', $node->connstr('postgres') ],
+		'>', \$stdout, '2>', \$stderr)
+	  or die "pgbench failed: $stderr";
+	return $stdout;
+}
+
+# The same, in the background, writing its output to a file that
+# finish_pgbench() shows.
+sub start_pgbench
+{
+	my ($node, $script, @args) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	PostgreSQL::Test::Utils::append_to_file("$dir/script.sql", $script);
+	my $handle = IPC::Run::start(
+		[ 'pgbench', '-n', '-f', "$dir/script.sql", @args, '-d', $node->connstr('postgres') ],
+		'<', \undef, '>', "$dir/out", '2>', "$dir/out");
+	return { handle => $handle, out => "$dir/out" };
+}
+
+sub finish_pgbench
+{
+	my ($load) = @_;
+	my $ok = $load->{handle}->finish;
+	my $out = PostgreSQL::Test::Utils::slurp_file($load->{out});
+	note($out);
+	die "pgbench failed:\n$out" unless $ok;
+	return $out;
+}
+
+# Compare what Kafka holds with what the database committed.  $committed
+# maps each committed message_id to [key, id]; returns the numbers of lost,
+# phantom (published, never committed), duplicate and out-of-order messages:
+# per key, the first occurrences must come in id order.
+sub check_delivery
+{
+	my ($records, $committed) = @_;
+	my (%seen, %last_id_of_key);
+	my ($phantom, $duplicates, $order_faults) = (0, 0, 0);
+
+	for my $record (@$records)
+	{
+		my $message_id = message_id_header($record);
+		if (!defined $message_id || !exists $committed->{$message_id})
+		{
+			$phantom++;
+			next;
+		}
+		if ($seen{$message_id}++)
+		{
+			$duplicates++;
+			next;
+		}
+		my ($key, $id) = @{ $committed->{$message_id} };
+		next if !defined $key || $key eq '';
+		$order_faults++ if exists $last_id_of_key{$key} && $last_id_of_key{$key} > $id;
+		$last_id_of_key{$key} = $id;
+	}
+	my $lost = grep { !$seen{$_} } keys %$committed;
+	return { lost => $lost, phantom => $phantom, duplicates => $duplicates,
+		order_faults => $order_faults };
 }
 
 sub broker_ctl

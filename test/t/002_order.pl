@@ -1,0 +1,56 @@
+# 10,000 messages over 100 keys, enqueued by concurrent sessions with some
+# transactions rolled back, arrive exactly once and, per key, in id order.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+# Rows stay as 'sent' so the test can map each record back to its id.
+my $node = outbox_node('order', conf => "outbox.sent_retention = '1h'");
+my $topic = unique_topic('order');
+
+# 4 clients, 2,500 transactions each: each commits one message for a random
+# key of 100; one in ten is followed by a transaction that rolls back.
+my $script = <<"SQL";
+\\set k random(1, 100)
+\\set rollback random(1, 10)
+BEGIN;
+SELECT outbox_enqueue('$topic', json_build_object('client', :client_id, 'k', :k)::jsonb, 'key-' || :k);
+COMMIT;
+\\if :rollback = 1
+BEGIN;
+SELECT outbox_enqueue('$topic', '"rolled back"'::jsonb, 'key-' || :k);
+ROLLBACK;
+\\endif
+SQL
+my $t0 = time();
+run_pgbench($node, $script, '-c', 4, '-j', 2, '-t', 2500);
+my $enqueue_s = time() - $t0;
+
+my $committed_count = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox_message');
+is($committed_count, 10000, '10,000 messages committed');
+
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE state <> 'sent'", '0', 120),
+	'every committed message is acknowledged');
+my $drain_s = time() - $t0;
+diag(sprintf('%d messages: enqueued by 4 clients in %.2f s, all acknowledged %.2f s after the start',
+		$committed_count, $enqueue_s, $drain_s));
+
+my %committed = map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
+  split /\n/, $node->safe_psql('postgres', 'SELECT message_id, key, id FROM outbox_message');
+my $records = consume_topics(topics => [$topic], expect => $committed_count, idle => 5, timeout => 120);
+my $result = check_delivery($records, \%committed);
+diag(sprintf('records %d; lost %d, phantom %d, duplicates %d, order faults %d',
+		scalar(@$records), @$result{qw(lost phantom duplicates order_faults)}));
+
+is($result->{lost}, 0, 'no committed message is lost');
+is($result->{phantom}, 0, 'no rolled-back message is published');
+is($result->{duplicates}, 0, 'no message is published twice');
+is($result->{order_faults}, 0, 'per key, messages arrive in id order');
+is(scalar(keys %{ { map { $_->{key} => 1 } @$records } }), 100, 'all 100 keys are there');
+
+$node->stop('fast');
+done_testing();

@@ -1,0 +1,83 @@
+# Poison messages: one the broker refuses for good is dead-lettered at once
+# with the broker's reason, holds up no other key, and is skipped by later
+# messages of its key; one that keeps failing is retried with backoff, holds
+# back the later messages of its key, and is dead-lettered after
+# outbox.max_attempts.  Requeued after the cause is fixed, both are delivered.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = outbox_node('dead_letter', conf => join("\n",
+		"outbox.max_attempts = 3",
+		"outbox.retry_backoff_base = '2s'",
+		"outbox.retry_backoff_max = '4s'",
+		"outbox.kafka_properties = 'message.timeout.ms=2000'"));
+
+my $small = unique_topic('poison.small');    # refuses records over 200 bytes
+my $norep = unique_topic('poison.stale');    # refuses every record older than the broker's clock
+my $fine = unique_topic('poison.fine');
+kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
+kafka_admin('create-topic', $norep, '--config', 'message.timestamp.before.max.ms=0');
+
+my $big = 'x' x 1000;
+$node->safe_psql('postgres', qq{
+	SELECT outbox_enqueue('$small', '$big'::text, 'k-small');
+	SELECT outbox_enqueue('$norep', 'first'::text, 'k-norep');
+	SELECT outbox_enqueue('$small', 'after the big one'::text, 'k-small');
+	SELECT outbox_enqueue('$norep', 'second'::text, 'k-norep');
+	SELECT outbox_enqueue('$fine', 'fine ' || i, 'k-fine-' || i) FROM generate_series(1, 5) i;
+});
+
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$small'", '1', 30),
+	'the oversized message is dead-lettered');
+is($node->safe_psql('postgres', "SELECT attempts, error, length(payload) FROM outbox_dead_letter WHERE topic = '$small'"),
+	'1|Broker: Message size too large|1000', 'at once, with the broker\'s reason, payload kept');
+
+my $fine_records = consume_topics(topics => [$fine], expect => 5, timeout => 30);
+is(scalar(@$fine_records), 5, 'other keys are delivered meanwhile');
+my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 30);
+is_deeply([ map { $_->{value} } @$small_records ], ['after the big one'],
+	'the next message of the dead-lettered key is delivered');
+
+# The message that keeps failing holds back the later one of its key.
+ok(wait_for_query($node,
+		"SELECT state FROM outbox_message WHERE topic = '$norep' AND payload = convert_to('first', 'UTF8') AND attempts >= 1",
+		'retrying', 30),
+	'a failing message waits to retry');
+is($node->safe_psql('postgres',
+		"SELECT state, attempts FROM outbox_message WHERE topic = '$norep' AND payload = convert_to('second', 'UTF8')"),
+	'pending|0', 'the later message of its key is not tried while it waits');
+like($node->safe_psql('postgres', "SELECT last_error FROM outbox_message WHERE topic = '$norep' ORDER BY id LIMIT 1"),
+	qr/./, 'the retrying row shows its last error');
+
+ok(wait_for_query($node,
+		"SELECT attempts FROM outbox_dead_letter WHERE topic = '$norep' AND payload = convert_to('first', 'UTF8')",
+		'3', 60),
+	'after outbox.max_attempts it is dead-lettered');
+like($node->safe_psql('postgres', "SELECT error FROM outbox_dead_letter WHERE topic = '$norep' ORDER BY id LIMIT 1"),
+	qr/after 3 attempts/, 'the error says how many attempts were made');
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$norep'", '2', 90),
+	'the second message of the key, tried only then, is dead-lettered too');
+is(scalar(@{ consume_topics(topics => [$norep], idle => 2, timeout => 10) }), 0,
+	'nothing reached the refusing topic');
+
+my $worker = $node->safe_psql('postgres', 'SELECT failed > 0, dead_lettered, last_error IS NOT NULL FROM outbox_worker');
+is($worker, 't|3|t', 'outbox_worker counts the failures and dead letters');
+
+# Fix the causes, requeue, and everything arrives, in order within the key.
+kafka_admin('alter-config', $small, 'max.message.bytes=10000');
+kafka_admin('alter-config', $norep, 'message.timestamp.before.max.ms=9223372036854775807');
+$node->safe_psql('postgres', 'SELECT outbox_requeue(id) FROM outbox_dead_letter ORDER BY id');
+ok(wait_for_query($node,
+		'SELECT (SELECT count(*) FROM outbox_message) + (SELECT count(*) FROM outbox_dead_letter)', '0', 60),
+	'requeued messages are delivered and leave the outbox');
+is_deeply([ map { $_->{value} } @{ consume_topics(topics => [$norep], expect => 2, timeout => 30) } ],
+	[ 'first', 'second' ], 'the requeued messages arrive in their order');
+is(length(consume_topics(topics => [$small], expect => 2, timeout => 30)->[1]{value}), 1000,
+	'the oversized message arrives once the topic takes it');
+
+$node->stop('fast');
+done_testing();

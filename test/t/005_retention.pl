@@ -1,0 +1,51 @@
+# With outbox.sent_retention, a delivered row stays as 'sent' with where it
+# went, then is purged; the claim does not walk the rows kept as sent.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# auto_explain logs the plans of the worker's own statements.
+my $node = outbox_node('retention', conf => join("\n",
+		"outbox.sent_retention = '3s'",
+		"outbox.poll_interval = '500ms'"));
+my $topic = unique_topic('retention');
+
+my $id = $node->safe_psql('postgres', "SELECT outbox_enqueue('$topic', 'kept'::text, 'k')");
+ok(wait_for_query($node, "SELECT state FROM outbox_message WHERE id = $id", 'sent', 30),
+	'the delivered row stays as sent');
+my $record = consume_topics(topics => [$topic], expect => 1, timeout => 30)->[0];
+is($node->safe_psql('postgres',
+		"SELECT kafka_partition || '/' || kafka_offset, sent_at >= created_at FROM outbox_message WHERE id = $id"),
+	"$record->{partition}/$record->{offset}|t",
+	'it shows the partition and offset Kafka gave it, and when it was sent');
+is($node->safe_psql('postgres', "SELECT sent_retained FROM outbox_status WHERE topic = '$topic'"), '1',
+	'outbox_status counts it as sent');
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE id = $id", '0', 30),
+	'it is purged once older than outbox.sent_retention');
+
+# Many rows kept as sent: the claim reads the partial index of waiting rows.
+$node->safe_psql('postgres', qq{
+	ALTER TABLE outbox_message DISABLE TRIGGER outbox_message_check;
+	INSERT INTO outbox_message (topic, payload, state, sent_at)
+	SELECT '$topic', 'old', 'sent', now() + interval '1 day' FROM generate_series(1, 50000);
+	ALTER TABLE outbox_message ENABLE TRIGGER outbox_message_check;
+	ANALYZE outbox_message;
+});
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox,auto_explain'\n"
+	  . "auto_explain.log_min_duration = 0\n");
+$node->restart;
+my $new = $node->safe_psql('postgres', "SELECT outbox_enqueue('$topic', 'new'::text, 'k')");
+ok(wait_for_query($node, "SELECT state FROM outbox_message WHERE id = $new", 'sent', 30),
+	'a new message is delivered among 50,000 rows kept as sent');
+my $log = slurp_file($node->logfile);
+my ($claim_plan) = $log =~ /(Query Text: SELECT m\.id, m\.message_id.*?)(?=\n\S|\z)/s;
+ok(defined $claim_plan, 'the worker\'s claim was explained');
+like($claim_plan // '', qr/Index Scan using outbox_message_waiting/,
+	'the claim scans the index of waiting rows only');
+unlike($claim_plan // '', qr/Seq Scan on outbox_message/, 'and never the whole table');
+
+$node->stop('fast');
+done_testing();
