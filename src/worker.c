@@ -237,7 +237,9 @@ publish_one_batch(OutboxProducer **producer, MemoryContext batch_context,
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
-	pgstat_report_activity(STATE_IDLE, NULL);
+	/* Without the extension there is no outbox_worker view to say so. */
+	pgstat_report_activity(STATE_IDLE,
+						   result == TURN_NO_EXTENSION ? "outbox: waiting for CREATE EXTENSION outbox" : NULL);
 	MemoryContextReset(batch_context);
 	return result;
 }

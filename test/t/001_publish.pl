@@ -16,8 +16,9 @@ my $node = outbox_node('publish', no_extension => 1,
 
 # Before CREATE EXTENSION the worker waits quietly: it runs, without errors.
 ok($node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'outbox worker'"),
-	'the worker runs before the extension exists');
+		"SELECT query FROM pg_stat_activity WHERE backend_type = 'outbox worker'",
+		'outbox: waiting for CREATE EXTENSION outbox'),
+	'before the extension exists the worker runs and says what it waits for');
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
 my $topic = unique_topic('publish');

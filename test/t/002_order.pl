@@ -52,5 +52,22 @@ is($result->{duplicates}, 0, 'no message is published twice');
 is($result->{order_faults}, 0, 'per key, messages arrive in id order');
 is(scalar(keys %{ { map { $_->{key} => 1 } @$records } }), 100, 'all 100 keys are there');
 
+# A backlog committed at once: how long the worker takes to drain it.
+$node->safe_psql('postgres', 'TRUNCATE outbox_message');
+my $backlog_topic = unique_topic('backlog');
+$t0 = time();
+$node->safe_psql('postgres', qq{
+	SELECT outbox_enqueue('$backlog_topic', json_build_object('n', i, 'pad', repeat('x', 150))::jsonb,
+	                      'key-' || (i % 1000))
+	  FROM generate_series(1, 10000) i});
+my $committed_at = time();
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE state <> 'sent'", '0', 120),
+	'a backlog of 10,000 messages drains');
+my $backlog_s = time() - $committed_at;
+diag(sprintf('backlog of 10,000 messages (1,000 keys): enqueued in %.2f s, drained to Kafka in %.2f s (%.0f msg/s)',
+		$committed_at - $t0, $backlog_s, 10000 / $backlog_s));
+is(scalar(@{ consume_topics(topics => [$backlog_topic], expect => 10000, timeout => 120) }), 10000,
+	'all of it is in Kafka');
+
 $node->stop('fast');
 done_testing();
