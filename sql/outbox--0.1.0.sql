@@ -77,13 +77,13 @@ LANGUAGE C VOLATILE;
 CREATE FUNCTION outbox_enqueue(topic text, payload text,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS bigint
-AS 'MODULE_PATHNAME', 'outbox_enqueue_text'
+AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
 LANGUAGE C VOLATILE;
 
 CREATE FUNCTION outbox_enqueue(topic text, payload bytea,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS bigint
-AS 'MODULE_PATHNAME', 'outbox_enqueue_bytea'
+AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
 LANGUAGE C VOLATILE;
 
 -- A plain INSERT INTO outbox_message gets the same checks and the same wake.

@@ -21,7 +21,6 @@
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -52,8 +51,7 @@ static Oid	id_sequence_table = InvalidOid;
 static Oid	id_sequence = InvalidOid;
 
 PG_FUNCTION_INFO_V1(outbox_enqueue_jsonb);
-PG_FUNCTION_INFO_V1(outbox_enqueue_text);
-PG_FUNCTION_INFO_V1(outbox_enqueue_bytea);
+PG_FUNCTION_INFO_V1(outbox_enqueue_bytes);
 PG_FUNCTION_INFO_V1(outbox_message_check);
 
 /*
@@ -163,13 +161,10 @@ check_headers(Jsonb *headers)
 static bool
 lock_message_key(text *topic, text *key)
 {
-	uint64		h;
+	uint64		h = outbox_key_hash(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
+									VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	LOCKTAG		tag;
 
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(topic),
-							VARSIZE_ANY_EXHDR(topic), 0);
-	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
-											  VARSIZE_ANY_EXHDR(key), 0));
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 OUTBOX_KEY_LOCK_TAG);
 	return LockAcquire(&tag, ExclusiveLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
@@ -224,7 +219,7 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 }
 
 /*
- * The common part of the three outbox_enqueue() variants, once the payload
+ * The common part of the outbox_enqueue() variants, once the payload
  * is in its bytes.  The trigger repeats the row checks; they are cheap, and
  * checking here first lets the errors name the function's arguments.
  */
@@ -267,20 +262,9 @@ outbox_enqueue_jsonb(PG_FUNCTION_ARGS)
 	return enqueue(fcinfo, (bytea *) cstring_to_text(serialized));
 }
 
+/* text and bytea share their representation: the bytes go as they are. */
 Datum
-outbox_enqueue_text(PG_FUNCTION_ARGS)
-{
-	text	   *payload;
-
-	check_payload_not_null(fcinfo);
-	payload = PG_GETARG_TEXT_PP(1);
-	check_payload_size(VARSIZE_ANY_EXHDR(payload));
-	/* text and bytea share their representation: the bytes go as they are */
-	return enqueue(fcinfo, (bytea *) payload);
-}
-
-Datum
-outbox_enqueue_bytea(PG_FUNCTION_ARGS)
+outbox_enqueue_bytes(PG_FUNCTION_ARGS)
 {
 	bytea	   *payload;
 

@@ -11,6 +11,7 @@
  */
 #include "postgres.h"
 
+#include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
@@ -187,6 +188,17 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 		p = end ? end + 1 : NULL;
 	}
 	return true;
+}
+
+/*
+ * The hash of a (topic, key) pair: it names the lock that orders enqueues of
+ * one key, and the keys the worker holds back within a batch.
+ */
+uint64
+outbox_key_hash(const char *topic, size_t topic_len, const char *key, size_t key_len)
+{
+	return hash_combine64(hash_bytes_extended((const unsigned char *) topic, topic_len, 0),
+						  hash_bytes_extended((const unsigned char *) key, key_len, 0));
 }
 
 static void

@@ -66,6 +66,10 @@ typedef struct OutboxShared
 
 extern OutboxShared *outbox_shared;
 
+/* outbox.c */
+extern uint64 outbox_key_hash(const char *topic, size_t topic_len,
+							  const char *key, size_t key_len);
+
 /* enqueue.c */
 extern void outbox_register_commit_wake(void);
 

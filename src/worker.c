@@ -15,7 +15,6 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -85,41 +84,21 @@ brokers_known_reachable(void)
 	return reachable;
 }
 
-static uint64
-message_key_hash(OutboxMessage *m)
-{
-	return hash_combine64(hash_bytes_extended((const unsigned char *) m->topic, strlen(m->topic), 0),
-						  hash_bytes_extended((const unsigned char *) m->key, strlen(m->key), 0));
-}
-
 /*
- * Mark the key of m as held back in this batch; returns whether it already
- * was.  Two keys that share a hash hold each other back too, which costs a
+ * Look the key of m up in the set of keys held back in this batch, entering
+ * it with HASH_ENTER; returns whether it was there.  Two keys that share a hash hold each other back, which costs a
  * message a turn of the loop and breaks no order.
  */
 static bool
-hold_key(HTAB *held, OutboxMessage *m)
+lookup_held_key(HTAB *held, OutboxMessage *m, HASHACTION action)
 {
 	uint64		hash;
 	bool		found;
 
 	if (m->key == NULL)
-		return false;
-	hash = message_key_hash(m);
-	hash_search(held, &hash, HASH_ENTER, &found);
-	return found;
-}
-
-static bool
-key_is_held(HTAB *held, OutboxMessage *m)
-{
-	uint64		hash;
-	bool		found;
-
-	if (m->key == NULL)
-		return false;
-	hash = message_key_hash(m);
-	hash_search(held, &hash, HASH_FIND, &found);
+		return false;			/* no key, no order to keep */
+	hash = outbox_key_hash(m->topic, strlen(m->topic), m->key, strlen(m->key));
+	hash_search(held, &hash, action, &found);
 	return found;
 }
 
@@ -153,11 +132,11 @@ publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
 	{
 		OutboxMessage *m = &messages[i];
 
-		if (key_is_held(held, m))
+		if (lookup_held_key(held, m, HASH_FIND))
 			continue;			/* outcome stays DELIVERY_NOT_SENT */
 		producer_produce(producer, m);
 		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
-			hold_key(held, m);
+			(void) lookup_held_key(held, m, HASH_ENTER);
 	}
 
 	healthy = producer_await_deliveries(producer);
@@ -171,10 +150,10 @@ publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
 		if (m->outcome == DELIVERY_PENDING)
 			m->outcome = DELIVERY_NOT_SENT;
 		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
-			key_is_held(held, m))
+			lookup_held_key(held, m, HASH_FIND))
 			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
 		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
-			hold_key(held, m);
+			(void) lookup_held_key(held, m, HASH_ENTER);
 	}
 	hash_destroy(held);
 	return healthy && !producer_failed_fatally(producer);

@@ -81,6 +81,10 @@ ok(wait_for_query($node, "SELECT state FROM outbox_message WHERE id = $held", 's
 	'after SIGHUP back to the broker the message is delivered');
 
 $node->stop('fast');
-unlike(slurp_file($node->logfile), qr/outbox worker.*(exited with exit code [1-9]|terminated by signal)/,
+my $log = slurp_file($node->logfile);
+unlike($log, qr/outbox worker.*(exited with exit code [1-9]|terminated by signal)/,
 	'the worker never crashed');
+my $kafka_lines = () = $log =~ /outbox: librdkafka/g;
+note("$kafka_lines librdkafka log lines over two outages");
+cmp_ok($kafka_lines, '<', 30, 'the outages did not flood the server log');
 done_testing();
