@@ -27,7 +27,7 @@ ISOLATION = enqueue_rollback
 ISOLATION_OPTS = --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf --inputdir=$(srcdir)/test
 
 # TAP tests against a real Kafka broker: test/run-tests starts it.
-PROVE_TESTS = test/t/*.pl
+PROVE_TESTS ?= test/t/*.pl
 EXTRA_CLEAN = tmp_regress
 
 TAP_TESTS = 1
