@@ -175,3 +175,12 @@ AS 'MODULE_PATHNAME', 'outbox_worker_status'
 LANGUAGE C STRICT VOLATILE;
 
 CREATE VIEW outbox_worker AS SELECT * FROM outbox_worker_status();
+
+-- A fault drill: the worker's producer fails fatally during the next batch,
+-- as a real fatal error would; the worker rebuilds it and loses nothing.
+CREATE FUNCTION outbox_simulate_fatal_error()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_simulate_fatal_error'
+LANGUAGE C STRICT VOLATILE;
+
+REVOKE ALL ON FUNCTION outbox_simulate_fatal_error() FROM PUBLIC;
