@@ -196,15 +196,16 @@ sub finish_load
 	return ${ $load->{out} };
 }
 
-# Right after a fault ends: seconds until every message committed before
-# then has left the outbox (delivered or dead-lettered), while the load goes on.
+# End a fault by running $end_fault (if given), and return the seconds from
+# then until every message committed before then has left the outbox
+# (delivered or dead-lettered), while the load goes on.
 sub backlog_drain_time
 {
-	my ($node, $db) = @_;
+	my ($node, $end_fault, $db) = @_;
 	my $t0 = time();
-	my $fault_end = $node->safe_psql($db // 'postgres', 'SELECT clock_timestamp()');
+	$end_fault->() if $end_fault;
 	wait_for_query($node,
-		"SELECT count(*) FROM outbox_message WHERE state <> 'sent' AND created_at <= '$fault_end'",
+		"SELECT count(*) FROM outbox_message WHERE state <> 'sent' AND created_at <= to_timestamp($t0)",
 		'0', 300, $db)
 	  or die 'the backlog did not drain within 300 s';
 	return time() - $t0;

@@ -25,8 +25,7 @@ for my $outage (10, 120)
 	ok(wait_for_query($node, 'SELECT brokers_reachable FROM outbox_worker', 'f', 60),
 		"$scenario: outbox_worker sees the brokers go");
 	sleep($outage - (time() - $killed_at)) if time() - $killed_at < $outage;
-	broker_ctl('start');
-	my $drain_s = backlog_drain_time($node);
+	my $drain_s = backlog_drain_time($node, sub { broker_ctl('start') });
 	finish_load($load);
 	fault_check($node, scenario => $scenario, topics => \@topics, drain_s => $drain_s);
 }

@@ -20,8 +20,8 @@ my $load = start_load($node, topics => \@topics, duration => 45);
 sleep(5);
 kill 'STOP', $broker_pid or die "cannot stop the broker: $!";
 sleep(30);
-kill 'CONT', $broker_pid or die "cannot resume the broker: $!";
-my $drain_s = backlog_drain_time($node);
+my $drain_s = backlog_drain_time($node,
+	sub { kill 'CONT', $broker_pid or die "cannot resume the broker: $!" });
 finish_load($load);
 fault_check($node, scenario => $scenario, topics => \@topics, drain_s => $drain_s);
 

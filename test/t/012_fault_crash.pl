@@ -45,21 +45,22 @@ for my $crash ('worker SIGKILL mid-batch', 'pg_ctl stop -m immediate mid-batch')
 	enqueue_backlog($topics[1]);
 	wait_until_publishing($topics[1]);
 
-	if ($crash =~ /SIGKILL/)
-	{
-		my $pid = $node->safe_psql('postgres', 'SELECT pid FROM outbox_worker');
-		kill 'KILL', $pid or die "cannot kill the worker: $!";
-		ok(wait_for_query($node,
-				"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker' AND pid <> $pid",
-				'1', 120),
-			"$crash: the cluster restarts with a new worker");
-	}
-	else
-	{
-		$node->stop('immediate');
-		$node->start;
-	}
-	my $drain_s = backlog_drain_time($node);
+	my $drain_s = backlog_drain_time($node, sub {
+		if ($crash =~ /SIGKILL/)
+		{
+			my $pid = $node->safe_psql('postgres', 'SELECT pid FROM outbox_worker');
+			kill 'KILL', $pid or die "cannot kill the worker: $!";
+			ok(wait_for_query($node,
+					"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker' AND pid <> $pid",
+					'1', 120),
+				"$crash: the cluster restarts with a new worker");
+		}
+		else
+		{
+			$node->stop('immediate');
+			$node->start;
+		}
+	});
 	finish_load($load);
 	fault_check($node, scenario => $crash, topics => \@topics, drain_s => $drain_s,
 		crashes => 1);

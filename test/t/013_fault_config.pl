@@ -19,8 +19,7 @@ ok(wait_for_query($node, 'SELECT state, brokers_reachable FROM outbox_worker', "
 sleep(10);
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox_message WHERE attempts > 0 OR state <> \'pending\''),
 	'0', "$scenario: no attempt is spent while waiting");
-broker_ctl('start');
-my $drain_s = backlog_drain_time($node);
+my $drain_s = backlog_drain_time($node, sub { broker_ctl('start') });
 finish_load($load);
 fault_check($node, scenario => $scenario, topics => \@topics, drain_s => $drain_s);
 
@@ -35,9 +34,10 @@ $node->reload;
 ok(wait_for_query($node, 'SELECT state, brokers FROM outbox_worker', 'waiting for brokers|127.0.0.1:1', 30),
 	"$scenario: the worker follows the wrong address and waits");
 sleep(10);
-$node->append_conf('postgresql.conf', "outbox.brokers = '" . brokers() . "'");
-$node->reload;
-$drain_s = backlog_drain_time($node);
+$drain_s = backlog_drain_time($node, sub {
+	$node->append_conf('postgresql.conf', "outbox.brokers = '" . brokers() . "'");
+	$node->reload;
+});
 finish_load($load);
 fault_check($node, scenario => $scenario, topics => \@topics, drain_s => $drain_s);
 

@@ -29,13 +29,15 @@ ok($node->poll_query_until('postgres',
 # before their table went: they are excused from the check, neither lost nor
 # phantom.  No session can commit a message between these statements: the
 # function does not exist for them until this transaction commits.
-my $excused = $node->safe_psql('postgres', qq{
-	BEGIN;
-	CREATE EXTENSION outbox;
-	DELETE FROM fault_log RETURNING message_id;
-	COMMIT;
+my $excused;
+my $drain_s = backlog_drain_time($node, sub {
+	$excused = $node->safe_psql('postgres', qq{
+		BEGIN;
+		CREATE EXTENSION outbox;
+		DELETE FROM fault_log RETURNING message_id;
+		COMMIT;
+	});
 });
-my $drain_s = backlog_drain_time($node);
 finish_load($load);
 fault_check($node, scenario => $scenario, topics => [$topic], drain_s => $drain_s,
 	excused => { map { ($_ => 1) } split /\n/, $excused });
