@@ -87,8 +87,9 @@ brokers_known_reachable(void)
 
 /*
  * Look the key of m up in the set of keys held back in this batch, entering
- * it with HASH_ENTER; returns whether it was there.  Two keys that share a hash hold each other back, which costs a
- * message a turn of the loop and breaks no order.
+ * it with HASH_ENTER; returns whether it was there.  Two keys that share a
+ * hash hold each other back, which costs a message a turn of the loop and
+ * breaks no order.
  */
 static bool
 lookup_held_key(HTAB *held, OutboxMessage *m, HASHACTION action)
