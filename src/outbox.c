@@ -141,8 +141,8 @@ define_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_payload_size",
-							"Largest payload outbox_enqueue() accepts.",
-							"The default is librdkafka's message.max.bytes, just under the broker's default limit.",
+							"Largest Kafka record a new outbox message may make: payload, key and headers.",
+							"Counted as librdkafka counts a record against its message.max.bytes, whose default this is.",
 							&outbox_max_payload_size,
 							1000000, 0, MaxAllocSize,
 							PGC_SUSET, GUC_UNIT_BYTE,
