@@ -191,6 +191,15 @@ LANGUAGE C STRICT VOLATILE;
 
 CREATE VIEW outbox_worker AS SELECT * FROM outbox_worker_status();
 
+-- A fault drill: the worker's producer fails fatally during the next batch,
+-- as a real fatal error would; the worker rebuilds it and loses nothing.
+CREATE FUNCTION outbox_simulate_fatal_error()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_simulate_fatal_error'
+LANGUAGE C STRICT VOLATILE;
+
+REVOKE ALL ON FUNCTION outbox_simulate_fatal_error() FROM PUBLIC;
+
 -- Privileges.  Tables and views are granted to no one, and functions are
 -- executable by everyone unless revoked: so by default only the owner may
 -- enqueue, requeue, discard or read payloads.  The README gives the GRANTs

@@ -300,6 +300,7 @@ outbox_shmem_startup(void)
 		pg_atomic_init_u64(&slot->published, 0);
 		pg_atomic_init_u64(&slot->failed, 0);
 		pg_atomic_init_u64(&slot->dead_lettered, 0);
+		pg_atomic_init_u32(&slot->simulate_fatal_error, 0);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -33,6 +33,7 @@ typedef enum OutboxWorkerState
 {
 	OUTBOX_WORKER_STOPPED = 0,
 	OUTBOX_WORKER_STARTING,
+	OUTBOX_WORKER_WAITING_FOR_DATABASE,
 	OUTBOX_WORKER_WAITING_FOR_EXTENSION,
 	OUTBOX_WORKER_WAITING_FOR_BROKERS,
 	OUTBOX_WORKER_IDLE,
@@ -50,6 +51,7 @@ typedef struct OutboxWorkerSlot
 	Latch	   *latch;			/* set at commit to wake the worker */
 	OutboxWorkerState state;
 	bool		brokers_reachable;
+	bool		connecting;		/* set while connecting to outbox.database */
 	TimestampTz started_at;
 	TimestampTz last_publish_at;
 	TimestampTz last_error_at;
@@ -57,6 +59,7 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 published;
 	pg_atomic_uint64 failed;
 	pg_atomic_uint64 dead_lettered;
+	pg_atomic_uint32 simulate_fatal_error;	/* set by outbox_simulate_fatal_error() */
 } OutboxWorkerSlot;
 
 typedef struct OutboxShared

@@ -126,6 +126,9 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 		rd_kafka_fatal_error(rk, fatal_reason, sizeof(fatal_reason));
 		producer->fatal = true;
 		outbox_report_error("fatal producer error, rebuilding the producer: %s", fatal_reason);
+		ereport(LOG,
+				(errmsg("outbox: fatal Kafka producer error, rebuilding the producer: %s",
+						fatal_reason)));
 		return;
 	}
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
@@ -407,6 +410,14 @@ producer_await_deliveries(OutboxProducer *producer)
 			break;				/* a request the broker never answers */
 	}
 	return withdrawn_at == 0;
+}
+
+/* For outbox_simulate_fatal_error(): the error an idempotent producer can raise. */
+void
+producer_simulate_fatal_error(OutboxProducer *producer)
+{
+	rd_kafka_test_fatal_error(producer->rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+							  "simulated by outbox_simulate_fatal_error()");
 }
 
 const char *

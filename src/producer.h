@@ -51,6 +51,7 @@ extern void producer_serve_events(OutboxProducer *producer);
 extern bool producer_brokers_reachable(OutboxProducer *producer, int timeout_ms);
 extern void producer_produce(OutboxProducer *producer, OutboxMessage *message);
 extern bool producer_await_deliveries(OutboxProducer *producer);
+extern void producer_simulate_fatal_error(OutboxProducer *producer);
 extern const char *producer_error_text(int error_code);
 
 #endif							/* OUTBOX_PRODUCER_H */

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  What the worker tells about itself through shared memory, and the
- *	  function behind the outbox_worker view that reads it.
+ *	  The worker's slot in shared memory: what the worker tells about itself,
+ *	  the function behind the outbox_worker view that reads it, and the
+ *	  fault drill that asks the worker for a fatal producer error.
  *
  *-------------------------------------------------------------------------
  */
@@ -16,10 +17,12 @@
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
+PG_FUNCTION_INFO_V1(outbox_simulate_fatal_error);
 
 static const char *const state_names[] = {
 	[OUTBOX_WORKER_STOPPED] = "stopped",
 	[OUTBOX_WORKER_STARTING] = "starting",
+	[OUTBOX_WORKER_WAITING_FOR_DATABASE] = "waiting for database",
 	[OUTBOX_WORKER_WAITING_FOR_EXTENSION] = "waiting for extension",
 	[OUTBOX_WORKER_WAITING_FOR_BROKERS] = "waiting for brokers",
 	[OUTBOX_WORKER_IDLE] = "idle",
@@ -105,4 +108,24 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
+}
+
+/*
+ * Ask the worker to make its producer fail fatally during its next batch,
+ * as librdkafka's rd_kafka_test_fatal_error() does, so that an operator (or
+ * a test) can see it rebuild the producer and lose nothing.
+ */
+Datum
+outbox_simulate_fatal_error(PG_FUNCTION_ARGS)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->worker;
+	Latch	   *latch;
+
+	pg_atomic_write_u32(&slot->simulate_fatal_error, 1);
+	SpinLockAcquire(&slot->mutex);
+	latch = slot->latch;
+	SpinLockRelease(&slot->mutex);
+	if (latch)
+		SetLatch(latch);
+	PG_RETURN_VOID();
 }

@@ -18,6 +18,7 @@
 #include "access/table.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
+#include "storage/lmgr.h"
 #include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "utils/array.h"
@@ -116,9 +117,9 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 static SPIPlanPtr plans[STMT_COUNT];
 static Oid	plans_namespace = InvalidOid;
 
-/* The schema the outbox extension is created in, or InvalidOid. */
+/* The schema the outbox extension is created in, or InvalidOid; and its oid. */
 static Oid
-extension_namespace(void)
+extension_namespace(Oid *extension)
 {
 	Relation	rel;
 	ScanKeyData key;
@@ -132,22 +133,37 @@ extension_namespace(void)
 	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
 	tuple = systable_getnext(scan);
 	if (HeapTupleIsValid(tuple))
+	{
 		namespace = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+		*extension = ((Form_pg_extension) GETSTRUCT(tuple))->oid;
+	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return namespace;
 }
 
 /*
- * Is the extension created in this database?  If so, make sure the
- * statements are prepared for its schema.
+ * Is the extension created in this database?  If so, lock it against DROP
+ * EXTENSION until the transaction ends, so that its tables stay for the
+ * batch, and make sure the statements are prepared for its schema.
  */
 bool
 store_find_extension(void)
 {
-	Oid			namespace = extension_namespace();
+	Oid			extension = InvalidOid;
+	Oid			namespace = extension_namespace(&extension);
 	const char *schema;
 
+	if (OidIsValid(namespace))
+	{
+		Oid			locked = extension;
+
+		/* it may have gone while we waited for the lock: look again */
+		LockDatabaseObject(ExtensionRelationId, locked, 0, AccessShareLock);
+		namespace = extension_namespace(&extension);
+		if (extension != locked)
+			namespace = InvalidOid;
+	}
 	if (!OidIsValid(namespace))
 	{
 		store_forget_extension();

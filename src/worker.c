@@ -15,6 +15,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -139,6 +140,9 @@ publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
 			(void) lookup_held_key(held, m, HASH_ENTER);
 	}
 
+	if (pg_atomic_exchange_u32(&outbox_shared->worker.simulate_fatal_error, 0))
+		producer_simulate_fatal_error(producer);
+
 	healthy = producer_await_deliveries(producer);
 
 	hash_destroy(held);
@@ -230,6 +234,71 @@ wait_for_wake(long timeout_ms)
 					 Max(timeout_ms, 1), PG_WAIT_EXTENSION);
 }
 
+/*
+ * Wait, connected to no database, until outbox.database exists, then exit
+ * so that the postmaster starts the worker again: a process connects to one
+ * database only, once.
+ */
+static void
+wait_for_database(void)
+{
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("outbox worker");
+	outbox_report_state(OUTBOX_WORKER_WAITING_FOR_DATABASE);
+	pgstat_report_activity(STATE_IDLE, "outbox: waiting for outbox.database to be created");
+
+	for (;;)
+	{
+		bool		exists;
+
+		StartTransactionCommand();
+		exists = OidIsValid(get_database_oid(outbox_database, true));
+		CommitTransactionCommand();
+		if (exists)
+			break;
+
+		wait_for_wake(outbox_poll_interval);
+		ResetLatch(MyLatch);
+		if (ShutdownRequestPending)
+			proc_exit(0);
+	}
+
+	SpinLockAcquire(&outbox_shared->worker.mutex);
+	outbox_shared->worker.connecting = false;
+	SpinLockRelease(&outbox_shared->worker.mutex);
+	ereport(LOG,
+			(errmsg("outbox: database \"%s\" exists now, restarting the worker to connect to it",
+					outbox_database)));
+	proc_exit(1);
+}
+
+/*
+ * Connect to outbox.database.  Connecting to a database that does not exist
+ * ends the process; so a worker that finds its predecessor died while
+ * connecting waits for the database instead of failing every few seconds.
+ */
+static void
+connect_to_database(void)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->worker;
+	bool		predecessor_failed;
+
+	SpinLockAcquire(&slot->mutex);
+	predecessor_failed = slot->connecting;
+	slot->connecting = true;
+	SpinLockRelease(&slot->mutex);
+
+	if (predecessor_failed)
+		wait_for_database();
+
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	pgstat_report_appname("outbox worker");
+
+	SpinLockAcquire(&slot->mutex);
+	slot->connecting = false;
+	SpinLockRelease(&slot->mutex);
+}
+
 void
 outbox_worker_main(Datum main_arg)
 {
@@ -241,8 +310,7 @@ outbox_worker_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 
 	attach_to_slot();
-	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
-	pgstat_report_appname("outbox worker");
+	connect_to_database();
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
 										  ALLOCSET_DEFAULT_SIZES);

@@ -16,7 +16,7 @@ export OUTBOX_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 
 DEBIAN_PACKAGES=(
     build-essential postgresql-15 postgresql-server-dev-15 librdkafka-dev
-    kcat python3-confluent-kafka libipc-run-perl
+    kcat python3-confluent-kafka python3-psycopg2 libipc-run-perl
     default-jre-headless maven
 )
 

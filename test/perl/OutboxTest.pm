@@ -20,10 +20,12 @@ use Time::HiRes qw(time sleep);
 
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl kafka_admin message_id_header run_pgbench
-  start_pgbench finish_pgbench
+  start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
+  backlog_drain_time
   check_delivery);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
+my $fault_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../fault');
 
 sub brokers
 {
@@ -82,16 +84,16 @@ sub message_id_header
 }
 
 # Poll a query until it returns $expected, with a deadline; true if it did.
+# A query that fails (the server restarts, say) counts as not yet.
 sub wait_for_query
 {
-	my ($node, $query, $expected, $timeout) = @_;
-	return $node->poll_query_until('postgres', $query, $expected)
-	  if !defined $timeout;
-	my $deadline = time() + $timeout;
+	my ($node, $query, $expected, $timeout, $db) = @_;
+	my $deadline = time() + ($timeout // $PostgreSQL::Test::Utils::timeout_default);
 	while (time() < $deadline)
 	{
-		my $result = $node->safe_psql('postgres', $query);
-		return 1 if $result eq $expected;
+		# psql may not even read its query while the server restarts
+		my ($ret, $result) = eval { $node->psql($db // 'postgres', $query) };
+		return 1 if defined $ret && $ret == 0 && $result eq $expected;
 		sleep(0.1);
 	}
 	return 0;
@@ -159,12 +161,107 @@ sub check_delivery
 		}
 		my ($key, $id) = @{ $committed->{$message_id} };
 		next if !defined $key || $key eq '';
+		$key = "$record->{topic}/$key";    # order is promised per (topic, key)
 		$order_faults++ if exists $last_id_of_key{$key} && $last_id_of_key{$key} > $id;
 		$last_id_of_key{$key} = $id;
 	}
 	my $lost = grep { !$seen{$_} } keys %$committed;
 	return { lost => $lost, phantom => $phantom, duplicates => $duplicates,
 		order_faults => $order_faults };
+}
+
+# Start the fault tests' steady load (test/fault/load.py) on the node: 8
+# sessions by default, one transaction in ten rolled back; each committed
+# message is also logged in fault_log, which this creates.
+sub start_load
+{
+	my ($node, %args) = @_;
+	my $db = $args{db} // 'postgres';
+	$node->safe_psql($db,
+		'CREATE TABLE IF NOT EXISTS fault_log (id bigint, message_id uuid, topic text, key text)');
+	my @cmd = ('/usr/bin/python3', "$fault_dir/load.py", '--dsn', $node->connstr($db),
+		'--clients', $args{clients} // 8, '--rate', $args{rate} // 200,
+		'--duration', $args{duration} // 30);
+	push @cmd, map { ('--topic', $_) } @{ $args{topics} };
+	my $out = '';
+	my $handle = IPC::Run::start(\@cmd, '<', \undef, '>', \$out, '2>', \$out);
+	return { handle => $handle, out => \$out };
+}
+
+sub finish_load
+{
+	my ($load) = @_;
+	$load->{handle}->finish or die "load.py failed: ${ $load->{out} }";
+	note("load: ${ $load->{out} }");
+	return ${ $load->{out} };
+}
+
+# End a fault by running $end_fault (if given), and return the seconds from
+# then until every message committed before then has left the outbox
+# (delivered or dead-lettered), while the load goes on.
+sub backlog_drain_time
+{
+	my ($node, $end_fault, $db) = @_;
+	my $t0 = time();
+	$end_fault->() if $end_fault;
+	wait_for_query($node,
+		"SELECT count(*) FROM outbox_message WHERE state <> 'sent' AND created_at <= to_timestamp($t0)",
+		'0', 300, $db)
+	  or die 'the backlog did not drain within 300 s';
+	return time() - $t0;
+}
+
+# The fault suite's verdict on one scenario: wait until the outbox is empty,
+# then compare all of Kafka's records on the topics (read until nothing more
+# comes, since duplicates may make them more than committed) with fault_log (what the
+# database committed) and outbox_dead_letter.  Checks lost = 0, phantom = 0
+# and order faults = 0, reports duplicates, and appends a row to the
+# suite's report (tmp_check/fault_report.txt).
+sub fault_check
+{
+	my ($node, %args) = @_;
+	my $scenario = $args{scenario};
+	my $db = $args{db} // 'postgres';
+	my $topics = join(',', map { "'$_'" } @{ $args{topics} });
+	my $t0 = time();
+	ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE state <> 'sent' AND topic IN ($topics)",
+			'0', 180, $db),
+		"$scenario: the outbox drains");
+	my $drain_s = $args{drain_s} // time() - $t0;
+
+	my %committed = map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
+	  split /\n/, $node->safe_psql($db, "SELECT message_id, key, id FROM fault_log WHERE topic IN ($topics)");
+	my %dead = map { ($_ => 1) }
+	  split /\n/, $node->safe_psql($db, 'SELECT message_id FROM outbox_dead_letter');
+	my %expected = map { ($_ => $committed{$_}) } grep { !$dead{$_} } keys %committed;
+
+	my $excused = $args{excused} // {};
+	my $records = [ grep { !$excused->{ message_id_header($_) // '' } }
+		  @{ consume_topics(topics => $args{topics}, idle => 5, timeout => 180) } ];
+	my $result = check_delivery($records, \%expected);
+	my $row = sprintf("%-44s %9d %5d %7d %12d %10d %8.1f",
+		$scenario, scalar(keys %committed), $result->{lost}, $result->{phantom},
+		$result->{order_faults}, $result->{duplicates}, $drain_s);
+	diag($row);
+	PostgreSQL::Test::Utils::append_to_file("$PostgreSQL::Test::Utils::tmp_check/fault_report.txt", "$row\n");
+
+	cmp_ok(scalar(keys %committed), '>', 0, "$scenario: messages were committed under load");
+	is($result->{lost}, 0, "$scenario: nothing lost");
+	is($result->{phantom}, 0, "$scenario: nothing phantom");
+	is($result->{order_faults}, 0, "$scenario: per-key order kept");
+	cmp_ok($result->{duplicates}, '<=', ($args{crashes} // 0) * 1000,
+		"$scenario: duplicates within one batch per crash");
+	return $result;
+}
+
+# How often the node's log says the outbox worker crashed or exited with an
+# error.
+sub worker_exits
+{
+	my ($node) = @_;
+	my $log = PostgreSQL::Test::Utils::slurp_file($node->logfile);
+	my $exits = () = $log =~ /"outbox worker" \(PID \d+\) (exited with exit code [1-9]|was terminated by signal)/g;
+	return $exits;
 }
 
 sub broker_ctl

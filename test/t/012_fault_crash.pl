@@ -1,0 +1,70 @@
+# Fault suite: the worker is killed with SIGKILL in the middle of a batch
+# (PostgreSQL restarts the cluster), and PostgreSQL stops with
+# "pg_ctl stop -m immediate" in the middle of a batch, under load.  At most
+# one batch is published twice per crash; nothing is lost.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+# The test framework turns crash restarts off; a production server has them on.
+my $node = outbox_node('crash', conf => 'restart_after_crash = on');
+
+# A committed backlog keeps the worker busy, so the crash comes mid-batch.
+sub enqueue_backlog
+{
+	my ($topic) = @_;
+	$node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT count(outbox_enqueue('$topic', json_build_object('n', i)::jsonb, 'bulk-' || (i % 100)))
+		  FROM generate_series(1, 20000) i;
+		INSERT INTO fault_log SELECT id, message_id, topic, key FROM outbox_message WHERE topic = '$topic';
+		COMMIT;
+	});
+}
+
+sub wait_until_publishing
+{
+	my ($topic) = @_;
+	ok(wait_for_query($node,
+			"SELECT state = 'publishing' AND (SELECT count(*) FROM outbox_message WHERE topic = '$topic') < 20000 FROM outbox_worker",
+			't', 60),
+		'the worker is in the middle of the backlog');
+}
+
+for my $crash ('worker SIGKILL mid-batch', 'pg_ctl stop -m immediate mid-batch')
+{
+	my @topics = (unique_topic('fault.crash'), unique_topic('fault.crash'));
+	kafka_admin('create-topic', $_, '--partitions', 3) for @topics;
+
+	my $load = start_load($node, topics => [ @topics[0 .. 0] ], duration => 25);
+	sleep(3);
+	enqueue_backlog($topics[1]);
+	wait_until_publishing($topics[1]);
+
+	my $drain_s = backlog_drain_time($node, sub {
+		if ($crash =~ /SIGKILL/)
+		{
+			my $pid = $node->safe_psql('postgres', 'SELECT pid FROM outbox_worker');
+			kill 'KILL', $pid or die "cannot kill the worker: $!";
+			ok(wait_for_query($node,
+					"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker' AND pid <> $pid",
+					'1', 120),
+				"$crash: the cluster restarts with a new worker");
+		}
+		else
+		{
+			$node->stop('immediate');
+			$node->start;
+		}
+	});
+	finish_load($load);
+	fault_check($node, scenario => $crash, topics => \@topics, drain_s => $drain_s,
+		crashes => 1);
+}
+
+$node->stop('fast');
+done_testing();
