@@ -19,7 +19,7 @@ SHLIB_LINK = -lrdkafka
 # pg_regress: the SQL surface, run in a temporary instance that preloads the
 # library (the worker needs it; so do the commit-time wake and the GUCs).
 # Inputs in sql/, expected output in expected/.
-REGRESS = surface refused dead_letter views
+REGRESS = surface refused dead_letter views privileges
 REGRESS_OPTS = --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 # Isolation specs in test/specs, expected output in test/expected.

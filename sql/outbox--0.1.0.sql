@@ -68,23 +68,33 @@ SELECT pg_catalog.pg_extension_config_dump('outbox_message', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox_dead_letter', '');
 
 -- Enqueue: check the message, insert it, wake the worker at commit.
+--
+-- SECURITY DEFINER: they run as the extension's owner, so that EXECUTE alone
+-- lets a role enqueue.  Such a role needs no privilege on outbox_message: it
+-- cannot read the outbox, nor set a message's id, message_id, state or
+-- attempts.  Running as the owner is safe without a SET search_path clause
+-- (which would cost a configuration change on every call): the one statement
+-- they run names outbox_message with its schema, takes its values as
+-- parameters of the columns' own types, and everything else it runs (the
+-- defaults, the constraints, the trigger) was bound when the extension was
+-- created, so the caller's search_path cannot redirect any of it.
 CREATE FUNCTION outbox_enqueue(topic text, payload jsonb,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_jsonb'
-LANGUAGE C VOLATILE;
+LANGUAGE C VOLATILE SECURITY DEFINER;
 
 CREATE FUNCTION outbox_enqueue(topic text, payload text,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
-LANGUAGE C VOLATILE;
+LANGUAGE C VOLATILE SECURITY DEFINER;
 
 CREATE FUNCTION outbox_enqueue(topic text, payload bytea,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
-LANGUAGE C VOLATILE;
+LANGUAGE C VOLATILE SECURITY DEFINER;
 
 -- A plain INSERT INTO outbox_message gets the same checks and the same wake.
 CREATE FUNCTION outbox_message_check()
@@ -98,9 +108,14 @@ CREATE TRIGGER outbox_message_check
 
 -- Dead letters: put one back into the outbox (it is published after the
 -- messages already waiting), or drop it for good.
+--
+-- SECURITY DEFINER, so that an operator needs EXECUTE only, not the right to
+-- delete dead letters or write any row into the outbox.  Their SQL-standard
+-- bodies are resolved when they are created, so the caller's search_path
+-- cannot redirect them.
 CREATE FUNCTION outbox_requeue(dead_letter_id bigint)
 RETURNS bigint
-LANGUAGE sql VOLATILE STRICT
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
 BEGIN ATOMIC
     WITH requeued AS (
         DELETE FROM outbox_dead_letter WHERE id = dead_letter_id
@@ -116,7 +131,7 @@ COMMENT ON FUNCTION outbox_requeue(bigint) IS
 
 CREATE FUNCTION outbox_discard(dead_letter_id bigint)
 RETURNS boolean
-LANGUAGE sql VOLATILE STRICT
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
 BEGIN ATOMIC
     WITH discarded AS (
         DELETE FROM outbox_dead_letter WHERE id = dead_letter_id RETURNING 1
@@ -184,3 +199,22 @@ AS 'MODULE_PATHNAME', 'outbox_simulate_fatal_error'
 LANGUAGE C STRICT VOLATILE;
 
 REVOKE ALL ON FUNCTION outbox_simulate_fatal_error() FROM PUBLIC;
+
+-- Privileges.  Tables and views are granted to no one, and functions are
+-- executable by everyone unless revoked: so by default only the owner may
+-- enqueue, requeue, discard or read payloads.  The README gives the GRANTs
+-- for an application, a monitoring and an operator role.
+REVOKE EXECUTE ON FUNCTION
+    outbox_enqueue(text, jsonb, text, jsonb),
+    outbox_enqueue(text, text, text, jsonb),
+    outbox_enqueue(text, bytea, text, jsonb),
+    outbox_requeue(bigint),
+    outbox_discard(bigint),
+    outbox_worker_status()
+FROM PUBLIC;
+
+-- Monitoring roles read the views, which show no payload, key or header.
+-- A view reads its tables with its owner's rights, but the functions it
+-- calls need EXECUTE of whoever queries it.
+GRANT SELECT ON outbox_status, outbox_worker TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox_worker_status() TO pg_monitor;

@@ -29,7 +29,10 @@ SELECT outbox_enqueue('t', NULL::text);
 SELECT outbox_enqueue('t', NULL::bytea);
 \echo :LAST_ERROR_SQLSTATE
 
-SET outbox.max_payload_size = 10;
+-- The limit is on the whole Kafka record, counted as librdkafka counts it:
+-- payload, key and headers, with the 55-byte header outbox-message-id and
+-- 36 bytes of framing.  A limit of 101 leaves 10 bytes to the message.
+SET outbox.max_payload_size = 101;
 SELECT outbox_enqueue('t', '12345678901'::text);
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_enqueue('t', '{"a": "12345"}'::jsonb);
@@ -37,11 +40,34 @@ SELECT outbox_enqueue('t', '{"a": "12345"}'::jsonb);
 SELECT outbox_enqueue('t', '\x0102030405060708090a0b'::bytea);
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_enqueue('t', '1234567890'::text) > 0 AS at_limit_ok;
+-- the key counts
+SELECT outbox_enqueue('t', '12345'::text, 'key-56');
+\echo :LAST_ERROR_SQLSTATE
+-- and the headers: each is its name and value, after a byte for each length
+SELECT outbox_enqueue('t', 'x'::text, NULL, '{"h": "1234567"}');
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+SELECT outbox_enqueue('t', '1234'::text, 'key-56') > 0 AS key_at_limit_ok;
+SELECT outbox_enqueue('t', 'x'::text, NULL, '{"h": "123456"}') > 0 AS header_at_limit_ok;
+SELECT outbox_enqueue('t', ''::text, NULL, '{"12345678": null}') > 0 AS null_header_at_limit_ok;
+ROLLBACK;
 RESET outbox.max_payload_size;
 SHOW outbox.max_payload_size;
--- over the default limit of 1000000 bytes
-SELECT outbox_enqueue('t', repeat('x', 1000001));
+-- over the default limit of 1000000 bytes: a payload of 999909 bytes is the
+-- largest one without key and headers
+SELECT outbox_enqueue('t', repeat('x', 999910));
 \echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, repeat('k', 1000000));
+\echo :LAST_ERROR_SQLSTATE
+-- 10,000 headers of 100 bytes are too many; 10,000 small ones are fine
+SELECT outbox_enqueue('t', 'x'::text, NULL,
+                      (SELECT jsonb_object_agg('h' || i, repeat('v', 100)) FROM generate_series(1, 10000) i));
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+SELECT outbox_enqueue('t', repeat('x', 999909)) > 0 AS largest_payload_ok;
+SELECT outbox_enqueue('t', 'x'::text, NULL,
+                      (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 10000) i)) > 0 AS many_headers_ok;
+ROLLBACK;
 
 SELECT outbox_enqueue('t', 'x'::text, 'k', '[1, 2]');
 \echo :LAST_ERROR_SQLSTATE
@@ -62,9 +88,17 @@ INSERT INTO outbox_message (topic, payload) VALUES ('bad topic', 'x');
 \echo :LAST_ERROR_SQLSTATE
 INSERT INTO outbox_message (topic, payload) VALUES ('t', NULL);
 \echo :LAST_ERROR_SQLSTATE
-SET outbox.max_payload_size = 10;
+SET outbox.max_payload_size = 101;
 INSERT INTO outbox_message (topic, payload) VALUES ('t', '\x0102030405060708090a0b');
 \echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, key, payload) VALUES ('t', 'key-56', '12345');
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload, headers) VALUES ('t', 'x', '{"h": "1234567"}');
+\echo :LAST_ERROR_SQLSTATE
+BEGIN;
+INSERT INTO outbox_message (topic, key, payload, headers) VALUES ('t', 'k', '1', '{"h": "1234"}')
+RETURNING 'insert_at_limit_ok' AS accepted;
+ROLLBACK;
 RESET outbox.max_payload_size;
 INSERT INTO outbox_message (topic, payload, headers) VALUES ('t', 'x', '{"n": 1}');
 \echo :LAST_ERROR_SQLSTATE

@@ -39,6 +39,13 @@
  */
 #define OUTBOX_KEY_LOCK_TAG 0x4f42
 
+/*
+ * The most framing a Kafka record can need around its key, value and
+ * headers: the varints of its length, timestamp and offset deltas, key and
+ * value lengths and header count, and its attributes byte.
+ */
+#define KAFKA_RECORD_MAX_FRAMING 36
+
 /* Set when this transaction wrote an outbox row; the commit wakes the worker. */
 static bool wake_worker_at_commit = false;
 
@@ -102,29 +109,79 @@ check_topic(text *topic)
 	}
 }
 
-static void
-check_payload_size(Size size)
+/*
+ * The bytes a zigzag varint takes to encode a length: Kafka's record format
+ * writes every length of a record this way.
+ */
+static Size
+kafka_varint_size(Size length)
 {
+	uint64		zigzag = (uint64) length << 1;
+	Size		size = 1;
+
+	while (zigzag >= 0x80)
+	{
+		zigzag >>= 7;
+		size++;
+	}
+	return size;
+}
+
+/* One header as a Kafka record holds it: name and value, each with its length. */
+static Size
+kafka_header_size(Size name_len, Size value_len)
+{
+	return kafka_varint_size(name_len) + name_len + kafka_varint_size(value_len) + value_len;
+}
+
+/*
+ * Refuse a message whose Kafka record would be larger than
+ * outbox.max_payload_size.  The record is counted as librdkafka counts it
+ * against message.max.bytes before it takes a message (librdkafka 2.0.2,
+ * rd_kafka_msg_max_wire_size()): key, value and headers, the header the
+ * worker adds included, plus KAFKA_RECORD_MAX_FRAMING.  A message that
+ * passed a check of its payload alone could still be refused by librdkafka
+ * for its key or headers, and would then be dead-lettered long after its
+ * transaction committed.
+ */
+static void
+check_record_size(Size payload_len, text *key, Size headers_size)
+{
+	Size		key_len = key ? VARSIZE_ANY_EXHDR(key) : 0;
+	Size		all_headers;
+	Size		size;
+
+	/* the worker adds outbox-message-id: a UUID in its 36-character form */
+	all_headers = headers_size + kafka_header_size(strlen("outbox-message-id"), 36);
+	size = KAFKA_RECORD_MAX_FRAMING + payload_len + key_len + all_headers;
+
 	if (size > (Size) outbox_max_payload_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("outbox payload is %zu bytes, more than outbox.max_payload_size (%d bytes)",
+				 errmsg("outbox message would be a Kafka record of %zu bytes, more than outbox.max_payload_size (%d bytes)",
 						size, outbox_max_payload_size),
-				 errhint("Kafka refuses larger messages unless the broker and topic are configured for them; "
+				 errdetail("Payload %zu bytes, key %zu bytes, headers %zu bytes (outbox-message-id included), framing %d bytes.",
+						   payload_len, key_len, all_headers, KAFKA_RECORD_MAX_FRAMING),
+				 errhint("Kafka refuses larger records unless the producer's message.max.bytes and the topic's max.message.bytes allow them; "
 						 "store large content elsewhere and enqueue a reference to it.")));
 }
 
-/* Kafka headers are name/value pairs of bytes: a JSON object of strings. */
-static void
+/*
+ * Kafka headers are name/value pairs of bytes: a JSON object of strings.
+ * Returns the size the headers take in a Kafka record.
+ */
+static Size
 check_headers(Jsonb *headers)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
 	JsonbIteratorToken token;
 	bool		expect_value = false;
+	Size		name_len = 0;
+	Size		size = 0;
 
 	if (headers == NULL)
-		return;
+		return 0;
 
 	if (!JB_ROOT_IS_OBJECT(headers))
 		ereport(ERROR,
@@ -136,7 +193,10 @@ check_headers(Jsonb *headers)
 	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
 		if (token == WJB_KEY)
+		{
+			name_len = v.val.string.len;
 			expect_value = true;
+		}
 		else if (token == WJB_VALUE && expect_value)
 		{
 			if (v.type != jbvString && v.type != jbvNull)
@@ -144,9 +204,11 @@ check_headers(Jsonb *headers)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("outbox header values must be strings or null"),
 						 errhint("Turn numbers, booleans and nested values into strings.")));
+			size += kafka_header_size(name_len, v.type == jbvString ? v.val.string.len : 0);
 			expect_value = false;
 		}
 	}
+	return size;
 }
 
 /*
@@ -231,7 +293,7 @@ enqueue(FunctionCallInfo fcinfo, bytea *payload)
 	Jsonb	   *headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 
 	check_topic(topic);
-	check_headers(headers);
+	check_record_size(VARSIZE_ANY_EXHDR(payload), key, check_headers(headers));
 	if (key)
 		lock_message_key(topic, key);
 
@@ -258,7 +320,6 @@ outbox_enqueue_jsonb(PG_FUNCTION_ARGS)
 	check_payload_not_null(fcinfo);
 	json = PG_GETARG_JSONB_P(1);
 	serialized = JsonbToCString(NULL, &json->root, VARSIZE(json));
-	check_payload_size(strlen(serialized));
 	return enqueue(fcinfo, (bytea *) cstring_to_text(serialized));
 }
 
@@ -270,7 +331,6 @@ outbox_enqueue_bytes(PG_FUNCTION_ARGS)
 
 	check_payload_not_null(fcinfo);
 	payload = PG_GETARG_BYTEA_PP(1);
-	check_payload_size(VARSIZE_ANY_EXHDR(payload));
 	return enqueue(fcinfo, payload);
 }
 
@@ -306,6 +366,8 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	Datum		value;
 	text	   *topic;
 	text	   *key;
+	Size		payload_len;
+	Size		headers_size;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) ||
 		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
@@ -327,10 +389,15 @@ outbox_message_check(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outbox payload must not be NULL"),
 				 errhint("Insert an empty payload ('') if the message has no content.")));
-	check_payload_size(toast_raw_datum_size(value) - VARHDRSZ);
+	payload_len = toast_raw_datum_size(value) - VARHDRSZ;
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "headers"), desc, &isnull);
-	check_headers(isnull ? NULL : DatumGetJsonbP(value));
+	headers_size = check_headers(isnull ? NULL : DatumGetJsonbP(value));
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "key"), desc, &isnull);
+	key = isnull ? NULL : DatumGetTextPP(value);
+
+	check_record_size(payload_len, key, headers_size);
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "state"), desc, &isnull);
 	if (!isnull && strcmp(TextDatumGetCString(value), "pending") != 0)
@@ -338,9 +405,6 @@ outbox_message_check(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a new outbox message must be in state \"pending\""),
 				 errhint("Leave the state column out of the INSERT.")));
-
-	value = heap_getattr(tuple, SPI_fnumber(desc, "key"), desc, &isnull);
-	key = isnull ? NULL : DatumGetTextPP(value);
 
 	/*
 	 * The row's id was drawn before this trigger ran.  If the key's lock is

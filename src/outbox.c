@@ -13,6 +13,7 @@
 
 #include "common/hashfn.h"
 #include "fmgr.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
@@ -40,6 +41,7 @@ OutboxShared *outbox_shared = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static emit_log_hook_type prev_emit_log_hook = NULL;
 
 void		_PG_init(void);
 static void outbox_shmem_request(void);
@@ -47,6 +49,8 @@ static void outbox_shmem_startup(void);
 static void define_settings(void);
 static void register_worker(void);
 static bool check_kafka_properties(char **newval, void **extra, GucSource source);
+static const char *show_kafka_properties(void);
+static void hide_kafka_properties_in_log(ErrorData *edata);
 
 void
 _PG_init(void)
@@ -63,6 +67,8 @@ _PG_init(void)
 	shmem_request_hook = outbox_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = outbox_shmem_startup;
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = hide_kafka_properties_in_log;
 
 	outbox_register_commit_wake();
 	register_worker();
@@ -89,7 +95,10 @@ define_settings(void)
 
 	/*
 	 * Any librdkafka producer property, including secrets such as
-	 * sasl.password, so only superusers may see it.
+	 * sasl.password, so only superusers may see it.  GUC_SUPERUSER_ONLY
+	 * still lets members of pg_read_all_settings read it: for them
+	 * show_kafka_properties() masks the values, and GUC_NO_SHOW_ALL keeps it
+	 * out of pg_settings, whose reset_val would show it as written.
 	 */
 	DefineCustomStringVariable("outbox.kafka_properties",
 							   "librdkafka producer properties, as name=value pairs separated by semicolons.",
@@ -97,8 +106,8 @@ define_settings(void)
 							   "enable.idempotence and acks cannot be changed.",
 							   &outbox_kafka_properties,
 							   "",
-							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
-							   check_kafka_properties, NULL, NULL);
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   check_kafka_properties, NULL, show_kafka_properties);
 
 	DefineCustomIntVariable("outbox.batch_size",
 							"Most messages the worker claims and publishes in one transaction.",
@@ -141,8 +150,8 @@ define_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_payload_size",
-							"Largest payload outbox_enqueue() accepts.",
-							"The default is librdkafka's message.max.bytes, just under the broker's default limit.",
+							"Largest Kafka record a new outbox message may make: payload, key and headers.",
+							"Counted as librdkafka counts a record against its message.max.bytes, whose default this is.",
 							&outbox_max_payload_size,
 							1000000, 0, MaxAllocSize,
 							PGC_SUSET, GUC_UNIT_BYTE,
@@ -182,12 +191,75 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 
 		if (!blank && (eq == NULL || eq == p))
 		{
+			/* PostgreSQL's own message would repeat the value */
+			GUC_check_errmsg("invalid value for parameter \"%s\"", "outbox.kafka_properties");
 			GUC_check_errdetail("Each property must be written name=value; properties are separated by semicolons.");
 			return false;
 		}
 		p = end ? end + 1 : NULL;
 	}
 	return true;
+}
+
+/*
+ * What SHOW and current_setting() tell of outbox.kafka_properties: the
+ * setting to superusers, the property names alone to the members of
+ * pg_read_all_settings.  Any value may be a secret, and which properties
+ * hold secrets changes with librdkafka's releases, so all are masked.
+ */
+static const char *
+show_kafka_properties(void)
+{
+	StringInfoData shown;
+	const char *p = outbox_kafka_properties;
+
+	if (superuser())
+		return outbox_kafka_properties;
+
+	initStringInfo(&shown);
+	while (p && *p)
+	{
+		const char *end = strchr(p, ';');
+		size_t		len = end ? (size_t) (end - p) : strlen(p);
+		const char *eq = memchr(p, '=', len);
+
+		if (eq)
+		{
+			const char *name = p;
+			const char *name_end = eq;
+
+			while (name < name_end && isspace((unsigned char) *name))
+				name++;
+			while (name_end > name && isspace((unsigned char) name_end[-1]))
+				name_end--;
+			appendStringInfo(&shown, "%s%.*s=********", shown.len > 0 ? "; " : "",
+							 (int) (name_end - name), name);
+		}
+		p = end ? end + 1 : NULL;
+	}
+	return shown.data;
+}
+
+/*
+ * At a reload the postmaster logs the new value of every setting that
+ * changed; that of outbox.kafka_properties may hold secrets, and server logs
+ * travel further than the settings do.  Log that it changed, not to what.
+ * The message is recognized by its untranslated text; the setting's name
+ * stays as it is in every translation.
+ */
+static void
+hide_kafka_properties_in_log(ErrorData *edata)
+{
+	if (edata->message_id &&
+		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0 &&
+		strstr(edata->message, "outbox.kafka_properties") != NULL)
+	{
+		pfree(edata->message);
+		edata->message = psprintf("parameter \"%s\" changed", "outbox.kafka_properties");
+	}
+
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
 }
 
 /*

@@ -8,6 +8,12 @@
 #   KAFKA_HEAP        JVM heap (default 512m)
 #   KAFKA_PARTITIONS  partitions of auto-created topics (default 1)
 #   KAFKA_EXTRA_PROPS extra server.properties lines; they come last, so they win
+#   KAFKA_SASL_PORT   if set, also a SASL_PLAINTEXT listener on this port (mechanism
+#                     PLAIN); the PLAINTEXT listener stays for the tests' own clients
+#   KAFKA_SSL_PORT    if set, also a SASL_SSL listener (PLAIN over TLS) on this port,
+#                     with a self-signed certificate for 127.0.0.1 made once in
+#                     $KAFKA_DIR/tls; clients trust $KAFKA_DIR/tls/ca.pem
+#   KAFKA_SASL_USERS  users of those listeners, name:password,... (default app:app-secret)
 #   KAFKA_VERSION     kafka_2.13 version on Maven Central (default 4.1.2)
 #   KAFKA_WAIT        seconds start/wait give the broker to answer (default 90)
 set -euo pipefail
@@ -73,16 +79,66 @@ pid_of() {
 
 running() { pid_of >/dev/null; }
 
+# The broker's certificate for the SASL_SSL listener: self-signed, for
+# 127.0.0.1 both as an address and as a name (librdkafka checks the name),
+# in a PKCS12 keystore for the broker and as PEM for clients to trust.
+make_certificate() {
+    local tls=$KAFKA_DIR/tls
+    [ -f "$tls/broker.p12" ] && return 0
+    mkdir -p "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=127.0.0.1" \
+        -addext "subjectAltName=IP:127.0.0.1,DNS:127.0.0.1,DNS:localhost" \
+        -keyout "$tls/broker.key" -out "$tls/ca.pem" 2>"$tls/openssl.out" ||
+        { cat "$tls/openssl.out" >&2; die "cannot make a certificate"; }
+    openssl pkcs12 -export -in "$tls/ca.pem" -inkey "$tls/broker.key" -name broker \
+        -passout pass:outbox-test -out "$tls/broker.p12.tmp" 2>>"$tls/openssl.out" ||
+        { cat "$tls/openssl.out" >&2; die "cannot make a keystore"; }
+    mv "$tls/broker.p12.tmp" "$tls/broker.p12"
+}
+
+# Properties of the SASL_PLAINTEXT and SASL_SSL listeners: mechanism PLAIN,
+# the users of KAFKA_SASL_USERS, and the keystore for TLS.
+authentication_properties() {
+    local users="" entry name entries
+    IFS=, read -ra entries <<<"${KAFKA_SASL_USERS:-app:app-secret}"
+    for entry in "${entries[@]}"; do
+        users+=" user_${entry%%:*}=\"${entry#*:}\""
+    done
+    echo "sasl.enabled.mechanisms=PLAIN"
+    for name in sasl_plaintext sasl_ssl; do
+        echo "listener.name.$name.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required$users;"
+    done
+    if [ -n "${KAFKA_SSL_PORT:-}" ]; then
+        echo "ssl.keystore.type=PKCS12"
+        echo "ssl.keystore.location=$KAFKA_DIR/tls/broker.p12"
+        echo "ssl.keystore.password=outbox-test"
+    fi
+}
+
 # Rewritten on every start so KAFKA_EXTRA_PROPS and friends apply to restarts;
 # node id, ports and log.dirs stay the same, so the stored data stays valid.
 write_config() {
+    # Inter-broker and controller traffic stays on the plaintext listeners.
+    local listeners="PLAINTEXT://$BOOTSTRAP" protocols="PLAINTEXT:PLAINTEXT" authentication=""
+    if [ -n "${KAFKA_SASL_PORT:-}" ]; then
+        listeners+=",SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT"
+        protocols+=",SASL_PLAINTEXT:SASL_PLAINTEXT"
+    fi
+    if [ -n "${KAFKA_SSL_PORT:-}" ]; then
+        make_certificate
+        listeners+=",SASL_SSL://127.0.0.1:$KAFKA_SSL_PORT"
+        protocols+=",SASL_SSL:SASL_SSL"
+    fi
+    if [ -n "${KAFKA_SASL_PORT:-}${KAFKA_SSL_PORT:-}" ]; then
+        authentication=$(authentication_properties)
+    fi
     mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
     cat >"$KAFKA_DIR/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://$BOOTSTRAP,CONTROLLER://127.0.0.1:$((KAFKA_PORT + 1))
-advertised.listeners=PLAINTEXT://$BOOTSTRAP
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=$listeners,CONTROLLER://127.0.0.1:$((KAFKA_PORT + 1))
+advertised.listeners=$listeners
+listener.security.protocol.map=$protocols,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 controller.quorum.bootstrap.servers=127.0.0.1:$((KAFKA_PORT + 1))
@@ -104,6 +160,7 @@ broker.session.timeout.ms=3000
 # The cleaner's default 128 MiB buffer would dominate a 512 MiB heap
 # (Kafka wants more than 1 MiB per cleaner thread).
 log.cleaner.dedupe.buffer.size=2097152
+$authentication
 ${KAFKA_EXTRA_PROPS:-}
 EOF
     # Log to a file in KAFKA_DIR; the terminal only sees our progress lines.

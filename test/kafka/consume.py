@@ -16,6 +16,7 @@
 # python3-confluent-kafka, which other interpreters (pyenv) do not see.
 import argparse
 import base64
+import ctypes
 import json
 import sys
 import time
@@ -25,6 +26,14 @@ from confluent_kafka import (OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, TIMESTAMP_
                              Consumer, KafkaError, KafkaException, TopicPartition)
 
 TIMESTAMP_TYPES = {TIMESTAMP_CREATE_TIME: "CreateTime", TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime"}
+
+
+def take_missing_reference(obj):
+    """confluent-kafka-python 1.7.0 (Debian 12) hands out a null header value
+    as None without taking a reference to it (its issue #1191): after a few
+    thousand, None's count reaches zero and Python aborts.  Take the
+    reference it should have taken, for good."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def decode(data):
@@ -47,6 +56,8 @@ def record(msg):
             out[name + "_b64"] = b64
     out["headers"] = []
     for name, data in msg.headers() or []:
+        if data is None:
+            take_missing_reference(data)
         text, b64 = decode(data)
         out["headers"].append([name, text if b64 is None else {"b64": b64}])
     ts_type, ts = msg.timestamp()

@@ -1,0 +1,150 @@
+-- Privileges: by default only the owner may enqueue, requeue, discard or read
+-- payloads (each refusal is SQLSTATE 42501); the GRANTs the README documents
+-- give an application, a monitoring and an operator role what they need, and
+-- no more.
+\set SHOW_CONTEXT never
+TRUNCATE outbox_message, outbox_dead_letter;
+INSERT INTO outbox_dead_letter (id, message_id, topic, key, payload, attempts, created_at, error)
+VALUES (2001, 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21', 'orders', 'o-1', 'one', 10, now(), 'Broker: Message size too large'),
+       (2002, 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a22', 'orders', 'o-2', 'two', 10, now(), 'Broker: Message size too large');
+
+CREATE ROLE outbox_nobody;
+-- the application role, as the README says
+CREATE ROLE outbox_app;
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb),
+                          outbox_enqueue(text, text, text, jsonb),
+                          outbox_enqueue(text, bytea, text, jsonb) TO outbox_app;
+GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
+-- the monitoring role
+CREATE ROLE outbox_monitor IN ROLE pg_monitor;
+-- the operator who requeues and discards dead letters
+CREATE ROLE outbox_operator;
+GRANT EXECUTE ON FUNCTION outbox_requeue(bigint), outbox_discard(bigint) TO outbox_operator;
+GRANT SELECT ON outbox_dead_letter TO outbox_operator;
+
+-- A role without grants can do none of it.
+SET ROLE outbox_nobody;
+SELECT outbox_enqueue('t', '{}'::jsonb);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', '\x00'::bytea);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload) VALUES ('t', 'x');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_requeue(2001);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_discard(2001);
+\echo :LAST_ERROR_SQLSTATE
+SELECT payload FROM outbox_message;
+\echo :LAST_ERROR_SQLSTATE
+SELECT payload FROM outbox_dead_letter;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_status;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_worker;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_worker_status();
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+
+-- The application role enqueues both ways, and cannot read the outbox or
+-- set the columns the worker owns.
+SET ROLE outbox_app;
+SELECT outbox_enqueue('orders', '{"order": 1}'::jsonb, 'o-1', '{"via": "jsonb"}') > 0 AS enqueued;
+SELECT outbox_enqueue('orders', 'text payload'::text, 'o-1') > 0 AS enqueued;
+SELECT outbox_enqueue('orders', '\x00ff'::bytea) > 0 AS enqueued;
+INSERT INTO outbox_message (topic, key, payload, headers)
+VALUES ('orders', 'o-1', 'inserted', '{"via": "insert"}');
+-- checks still apply to it
+SELECT outbox_enqueue('bad topic', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload, message_id)
+VALUES ('orders', 'forged', 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21');
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload, attempts) VALUES ('orders', 'x', 99);
+\echo :LAST_ERROR_SQLSTATE
+SELECT payload FROM outbox_message;
+\echo :LAST_ERROR_SQLSTATE
+UPDATE outbox_message SET payload = 'changed';
+\echo :LAST_ERROR_SQLSTATE
+DELETE FROM outbox_message;
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_requeue(2001);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_status;
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT topic, key, encode(payload, 'escape') AS payload, headers, state, attempts
+  FROM outbox_message ORDER BY id;
+
+-- A pg_monitor member reads both views, which show no payload, key or
+-- header, and nothing else.
+SET ROLE outbox_monitor;
+SELECT topic, waiting, retrying, dead_letters FROM outbox_status;
+SELECT worker_id, database, state IS NOT NULL AS has_state FROM outbox_worker;
+SELECT payload FROM outbox_message;
+\echo :LAST_ERROR_SQLSTATE
+SELECT payload FROM outbox_dead_letter;
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('orders', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_discard(2001);
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT attrelid::regclass AS view, string_agg(attname, ', ' ORDER BY attnum) AS columns
+  FROM pg_attribute
+ WHERE attrelid IN ('outbox_status'::regclass, 'outbox_worker'::regclass) AND attnum > 0
+ GROUP BY attrelid ORDER BY 1;
+
+-- The operator sees the dead letters, requeues one and discards the other,
+-- and cannot enqueue or read the outbox.
+SET ROLE outbox_operator;
+SELECT id, topic, convert_from(payload, 'UTF8') AS payload, error FROM outbox_dead_letter ORDER BY id;
+SELECT outbox_requeue(2001) > 0 AS requeued;
+SELECT outbox_discard(2002) AS discarded;
+SELECT outbox_enqueue('orders', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT payload FROM outbox_message;
+\echo :LAST_ERROR_SQLSTATE
+DELETE FROM outbox_dead_letter;
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT count(*) AS dead_letters_left FROM outbox_dead_letter;
+SELECT message_id, convert_from(payload, 'UTF8') AS payload, state FROM outbox_message
+ WHERE message_id = 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21';
+
+-- The functions that run as the owner cannot be redirected by the caller's
+-- search_path: a schema of look-alikes put first, in a new session (so the
+-- enqueue statement is prepared under it), changes nothing.
+CREATE SCHEMA outbox_lookalike AUTHORIZATION outbox_app;
+INSERT INTO outbox_dead_letter (id, message_id, topic, payload, attempts, created_at, error)
+VALUES (2003, gen_random_uuid(), 'orders', 'three', 10, now(), 'Broker: Message size too large');
+\c -
+SET ROLE outbox_app;
+CREATE TABLE outbox_lookalike.outbox_message (id bigint, topic text, key text, payload bytea, headers jsonb);
+CREATE TABLE outbox_lookalike.outbox_dead_letter (id bigint);
+INSERT INTO outbox_lookalike.outbox_dead_letter VALUES (2003);
+CREATE FUNCTION outbox_lookalike.gen_random_uuid() RETURNS uuid
+    LANGUAGE sql AS $$ SELECT '00000000-0000-0000-0000-000000000000'::uuid $$;
+CREATE FUNCTION outbox_lookalike.clock_timestamp() RETURNS timestamptz
+    LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$;
+GRANT USAGE ON SCHEMA outbox_lookalike TO outbox_operator;
+GRANT ALL ON ALL TABLES IN SCHEMA outbox_lookalike TO outbox_operator;
+SET search_path = outbox_lookalike, pg_catalog, public;
+SELECT outbox_enqueue('lookalike', 'x'::text, 'k') > 0 AS enqueued;
+RESET ROLE;
+SET ROLE outbox_operator;
+SELECT outbox_discard(2003) AS discarded;
+RESET ROLE;
+RESET search_path;
+SELECT count(*) AS lookalike_messages FROM outbox_lookalike.outbox_message;
+SELECT count(*) AS lookalike_dead_letters FROM outbox_lookalike.outbox_dead_letter;
+SELECT count(*) AS dead_letters_left FROM outbox_dead_letter;
+SELECT message_id <> '00000000-0000-0000-0000-000000000000' AS random_message_id,
+       created_at > '2000-01-01' AS real_created_at
+  FROM outbox_message WHERE topic = 'lookalike';
+
+DROP SCHEMA outbox_lookalike CASCADE;
+DROP OWNED BY outbox_app, outbox_monitor, outbox_operator;
+DROP ROLE outbox_nobody, outbox_app, outbox_monitor, outbox_operator;
