@@ -396,7 +396,8 @@ producer_await_deliveries(OutboxProducer *producer)
 	{
 		TimestampTz now;
 
-		rd_kafka_poll(producer->rk, 50);
+		/* flush, unlike poll, sends at once what linger.ms would hold back */
+		rd_kafka_flush(producer->rk, 50);
 		now = GetCurrentTimestamp();
 
 		if (withdrawn_at == 0 &&
