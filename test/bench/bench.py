@@ -1,0 +1,731 @@
+#!/usr/bin/python3
+# The outbox extension's benchmarks, beside two hand-written pollers
+# (peers.py: the seed articles' poller and a tuned one) on the same PostgreSQL
+# and the same Kafka broker, in the same run:
+#
+#   B1  enqueue cost: the registration transaction under pgbench
+#   B2  drain: a backlog committed while nothing could publish, then published
+#   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
+#   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
+#
+# Every figure is printed beside the peers' measured in the same run, as a
+# ratio: absolute times on a shared machine drift.  Progress goes to stderr,
+# the tables to stdout.  Exits non-zero when a run is broken (messages
+# missing in Kafka, a pgbench failure), never because of speed.
+#
+#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--command TEXT]
+#
+# test/bench/run prepares the cluster (outbox preloaded, outbox.database =
+# the DSN's database, schema.sql not yet run) and the broker, and calls this.
+# /usr/bin/python3 on purpose: Debian's python3-psycopg2 and python3-confluent-kafka.
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import confluent_kafka
+import psycopg2
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3"
+
+SIZES = {
+    "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "seed_window": 60,
+                "b3_seconds": 25, "grace": 10},
+    "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "seed_window": 15,
+              "b3_seconds": 8, "grace": 5},
+}
+SOAK = {"seconds": 600, "rate": 1000, "every": 30}
+# B3: messages per second offered, and per transaction.  This 2-core machine
+# cannot commit 10,000 transactions a second while publishing them (about
+# 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
+B3_RATES = {1000: 1, 10000: 10}
+PEERS = ("ours", "seed", "tuned")
+PARTITIONS = 4
+KEYS = 1000
+CLIENTS, JOBS = 4, 2           # pgbench: 2 cores
+WARMUP = 1.0                   # B3/B4: seconds of load not counted (new connections, metadata)
+FILL_CHUNK = 100_000           # B2: rows per enqueueing transaction
+
+# What each peer's table holds that is not yet in Kafka.
+TABLE = {"ours": "outbox_message", "seed": "seed_message", "tuned": "tuned_message"}
+BACKLOG = {
+    "ours": "SELECT count(*) FROM outbox_message",
+    "seed": "SELECT count(*) FROM seed_message WHERE status = 'PENDING'",
+    "tuned": "SELECT count(*) FROM tuned_message",
+}
+
+# B3 and B4: how each peer enqueues N messages in one statement, ours through
+# outbox_enqueue(), the peers by INSERT into their tables.  The payloads
+# (~200 bytes) carry their enqueue time, epoch ms.
+ENQUEUE = {
+    "ours": "SELECT outbox_enqueue('{topic}', {payload}, 'key-' || mod(:k + g, 1000))"
+            " FROM generate_series(1, {n}) g;",
+    "seed": "INSERT INTO seed_message (topic, key, payload)"
+            " SELECT '{topic}', 'key-' || mod(:k + g, 1000), ({payload})::text FROM generate_series(1, {n}) g;",
+    "tuned": "INSERT INTO tuned_message (topic, key, payload)"
+             " SELECT '{topic}', 'key-' || mod(:k + g, 1000), ({payload})::text FROM generate_series(1, {n}) g;",
+}
+B3_PAYLOAD = ("jsonb_build_object('t', round(extract(epoch FROM clock_timestamp()) * 1000, 3),"
+              " 'pad', repeat('x', 170))")
+
+
+def enqueue_script(peer, topic, per_transaction):
+    return "\\set k random(1, %d)\n%s\n" % (KEYS, ENQUEUE[peer].format(
+        topic=topic, payload=B3_PAYLOAD, n=per_transaction))
+
+
+# B2: a backlog of ~200-byte JSON payloads over KEYS keys, numbered so that
+# what Kafka got can be checked one by one.
+B2_PAYLOAD = "jsonb_build_object('seq', i, 'key', 'key-' || mod(i, 1000), 'pad', repeat('x', 156))"
+B2_FILL = {
+    "ours": "SELECT count(outbox_enqueue(%(topic)s, {p}, 'key-' || mod(i, 1000)))"
+            " FROM generate_series(%(lo)s, %(hi)s) i",
+    "seed": "INSERT INTO seed_message (topic, key, payload)"
+            " SELECT %(topic)s, 'key-' || mod(i, 1000), ({p})::text FROM generate_series(%(lo)s, %(hi)s) i",
+    "tuned": "INSERT INTO tuned_message (topic, key, payload)"
+             " SELECT %(topic)s, 'key-' || mod(i, 1000), ({p})::text FROM generate_series(%(lo)s, %(hi)s) i",
+}
+# B1: the registration of seed article 000 (a user row, then crm.sync and
+# coupon.welcome, keyed by the user), ~200-byte payloads.
+B1_USER = ("INSERT INTO app_user (email, name) VALUES (gen_random_uuid() || '@example.com',"
+           " 'User ' || :client_id) RETURNING id, email \\gset")
+B1_MESSAGES = [
+    ("crm.sync",
+     "jsonb_build_object('user_id', :id::bigint, 'email', :email::text, 'name', 'User ' || :client_id,"
+     " 'phone', '+86 138 0013 8000', 'source', 'registration', 'registered_at', now())",
+     "'{\"event\": \"user.registered\"}'"),
+    ("coupon.welcome",
+     "jsonb_build_object('user_id', :id::bigint, 'coupon_template_id', 'NEW_USER_WELCOME',"
+     " 'expire_days', 7, 'channel', 'registration', 'campaign', 'spring-welcome',"
+     " 'issued_at', now())",
+     "NULL"),
+]
+B1_PLAIN = "2 x plain INSERT, outbox-like table"
+B1_PUBLISHING = "2 x outbox_enqueue, worker publishing"
+B1_PAUSED = "2 x outbox_enqueue, worker paused"
+B1_TUNED = "2 x INSERT, tuned poller publishing"
+B1_VARIANTS = {
+    "business transaction alone": [],
+    B1_PLAIN: [
+        "INSERT INTO plain_message (topic, key, payload, headers)"
+        f" VALUES ('{t}', 'user-' || :id, convert_to(({p})::text, 'UTF8'), {h});"
+        for t, p, h in B1_MESSAGES],
+    B1_PUBLISHING: [
+        f"SELECT outbox_enqueue('{t}', {p}, 'user-' || :id, {h});" for t, p, h in B1_MESSAGES],
+    B1_TUNED: [
+        f"INSERT INTO tuned_message (topic, key, payload) VALUES ('{t}', 'user-' || :id, ({p})::text);"
+        for t, p, h in B1_MESSAGES],
+}
+
+START = time.monotonic()
+
+
+def progress(message):
+    print(f"[{time.monotonic() - START:6.0f}s] {message}", file=sys.stderr, flush=True)
+
+
+class Broken(Exception):
+    """The run measured nothing valid: the bench fails."""
+
+
+def wait_until(what, condition, timeout, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise Broken(f"{what}: not after {timeout:.0f} s")
+        time.sleep(interval)
+
+
+class Database:
+    def __init__(self, dsn):
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True    # VACUUM, ALTER SYSTEM; each statement commits
+
+    def run(self, sql, params=None):
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+
+    def value(self, sql, params=None):
+        return self.run(sql, params)[0][0]
+
+
+class Kafka:
+    def __init__(self, brokers):
+        self.brokers = brokers
+        self.admin = AdminClient({"bootstrap.servers": brokers})
+        self.offsets = self.consumer()
+
+    def consumer(self):
+        # Partitions are assigned explicitly: the group id only satisfies librdkafka.
+        return Consumer({"bootstrap.servers": self.brokers, "group.id": f"bench-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+
+    def create_topics(self, names):
+        futures = self.admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
+        for future in futures.values():
+            future.result()
+        # The controller answers before the broker serves the topics.
+        def ready():
+            try:
+                return all(self.ends(t) for t in names)
+            except KafkaException:
+                return False
+        wait_until("topics ready", ready, 30)
+
+    def ends(self, topic):
+        """The high watermark of each partition: with an idempotent producer and
+        no transactions, the number of records each holds."""
+        return [self.offsets.get_watermark_offsets(TopicPartition(topic, p), timeout=10,
+                                                   cached=False)[1] for p in range(PARTITIONS)]
+
+    def count(self, topic):
+        return sum(self.ends(topic))
+
+    def distinct_seqs(self, topic):
+        """Read the whole topic: (records, distinct "seq" values of their payloads)."""
+        total = self.count(topic)
+        consumer = self.consumer()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        seqs, records = set(), 0
+        deadline = time.monotonic() + 300
+        while records < total:
+            if time.monotonic() > deadline:
+                raise Broken(f"{topic}: read {records:,} of {total:,} records")
+            for msg in consumer.consume(10000, 1.0):
+                if msg.error() is None:
+                    records += 1
+                    seqs.add(json.loads(msg.value())["seq"])
+        consumer.close()
+        return records, len(seqs)
+
+
+class LatencyConsumer(threading.Thread):
+    """Reads a topic from its current end, from before the load starts, and
+    keeps (receive time, enqueue time) of every message, both epoch ms: the
+    payload's "t" is clock_timestamp() in the enqueueing statement."""
+
+    def __init__(self, kafka, topic):
+        super().__init__(daemon=True)
+        self.consumer = kafka.consumer()
+        # Explicit offsets, known now: OFFSET_END would be looked up later,
+        # after the first messages may have arrived.
+        self.consumer.assign([TopicPartition(topic, p, end) for p, end in enumerate(kafka.ends(topic))])
+        self.samples = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        # poll(), not consume(n): consume waits to fill its batch, which
+        # would delay the receive time of every message but the last.
+        while not self.stopping.is_set():
+            msg = self.consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                self.samples.append((time.time() * 1000, json.loads(msg.value())["t"]))
+        self.consumer.close()
+
+    def stop(self):
+        self.stopping.set()
+        self.join()
+
+    def latencies(self, enqueued_after=0.0, received_after=0.0):
+        return sorted(received - enqueued for received, enqueued in list(self.samples)
+                      if enqueued >= enqueued_after and received > received_after)
+
+
+def percentiles(latencies):
+    if not latencies:
+        return None
+    return {"p50": latencies[len(latencies) // 2], "p99": latencies[int(len(latencies) * 0.99)],
+            "max": latencies[-1]}
+
+
+def read_status(pid, field):
+    """A field of /proc/PID/status, in kB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pids):
+    """User and system CPU time of the processes, all their threads (librdkafka's too)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])     # utime, stime: fields 14 and 15
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Worker:
+    """The outbox worker(s), through the outbox_worker view and a setting."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def rows(self):
+        return self.db.run("SELECT pid, state, published FROM outbox_worker")
+
+    def pids(self):
+        return [pid for pid, _, _ in self.rows() if pid]
+
+    def pause(self):
+        # An address where no broker listens: the worker claims nothing.
+        self.db.run("ALTER SYSTEM SET outbox.brokers = '127.0.0.1:1'")
+        self.db.run("SELECT pg_reload_conf()")
+        wait_until("worker waiting for brokers", lambda: all(
+            state == "waiting for brokers" for _, state, _ in self.rows()), 30)
+
+    def resume(self):
+        self.db.run("ALTER SYSTEM RESET outbox.brokers")
+        self.db.run("SELECT pg_reload_conf()")
+
+    def wait_drained(self, timeout):
+        wait_until("outbox drained", lambda: self.db.value(BACKLOG["ours"]) == 0, timeout, 0.2)
+
+
+class Peer:
+    """A poller of peers.py, in a process of its own."""
+
+    def __init__(self, kind, args):
+        self.kind = kind
+        self.process = subprocess.Popen(
+            [PYTHON, os.path.join(HERE, "peers.py"), kind, "--dsn", args.dsn, "--brokers", args.brokers],
+            stdout=subprocess.PIPE, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise Broken(f"{kind} poller did not start")
+
+    def peak_rss_kb(self):
+        return read_status(self.process.pid, "VmHWM")
+
+    def pids(self, db):
+        """The poller's process and its backend."""
+        return [self.process.pid] + [pid for pid, in db.run(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"peers.py {self.kind}",))]
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=120)
+        if self.process.returncode != 0:
+            raise Broken(f"{self.kind} poller exited with {self.process.returncode}")
+        return json.loads(out)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.size = SIZES["quick" if args.quick else "default"]
+        self.db = Database(args.dsn)
+        self.kafka = Kafka(args.brokers)
+        self.worker = Worker(self.db)
+        self.results = {}
+        self.timings = []
+
+    def pgbench(self, script, seconds, rate=None, background=False):
+        """pgbench over the script (text); with background, the Popen (see finish_pgbench)."""
+        file = tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False)
+        file.write(script)
+        file.close()
+        cmd = [os.path.join(self.args.pg_bin, "pgbench"), "-n", "-M", "prepared",
+               "-c", str(CLIENTS), "-j", str(JOBS), "-T", str(int(seconds)), "-f", file.name]
+        if rate:
+            cmd += ["-R", str(rate)]
+        load = subprocess.Popen(cmd + [self.args.dsn], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        load.script = file.name
+        return load if background else self.finish_pgbench(load)
+
+    @staticmethod
+    def finish_pgbench(load):
+        out, _ = load.communicate()
+        os.unlink(load.script)
+        if load.returncode != 0:
+            raise Broken(f"pgbench failed:\n{out}")
+        figures = {}
+        for line in out.splitlines():
+            if line.startswith("number of transactions actually processed:"):
+                figures["processed"] = int(line.split(":")[1].split("/")[0])
+            elif line.startswith("tps = "):
+                figures["tps"] = float(line.split()[2])
+            elif line.startswith("number of failed transactions:") and not line.split(":")[1].strip().startswith("0 "):
+                raise Broken(f"pgbench: {line}")
+        return figures
+
+    def part(self, name, run):
+        begin = time.monotonic()
+        progress(f"{name}: start")
+        run()
+        self.timings.append((name, time.monotonic() - begin))
+        progress(f"{name}: done in {self.timings[-1][1]:.0f} s")
+
+    def clean(self):
+        """Peers' tables emptied, every table vacuumed, dirty pages written:
+        each measurement starts from the same state."""
+        self.db.run("TRUNCATE seed_message, tuned_message")
+        self.db.run("VACUUM ANALYZE outbox_message, plain_message, app_user")
+        self.db.run("CHECKPOINT")
+
+    # B2 ----------------------------------------------------------------------
+
+    def fill_backlog(self, peer, topic):
+        n = self.size["backlog"]
+        begin = time.monotonic()
+        for lo in range(1, n + 1, FILL_CHUNK):
+            self.db.run(B2_FILL[peer].format(p=B2_PAYLOAD),
+                        {"topic": topic, "lo": lo, "hi": min(lo + FILL_CHUNK - 1, n)})
+        rate = n / (time.monotonic() - begin)
+        progress(f"B2 {peer}: {n:,} messages committed ({rate:,.0f}/s); vacuum, checkpoint")
+        self.db.run(f"VACUUM ANALYZE {TABLE[peer]}")
+        self.db.run("CHECKPOINT")
+
+    def watch_drain(self, peer, topic, target, window=None):
+        """Msg/s into Kafka, from the first record of the topic to the
+        target's (or to the end of the window), read from its offsets."""
+        wait_until(f"B2 {peer}: first record in Kafka", lambda: self.kafka.count(topic) > 0, 120, 0.02)
+        t0, c0 = time.monotonic(), self.kafka.count(topic)
+        t, c, shown = t0, c0, t0
+        while c < target and not (window and t - t0 >= window):
+            if t - t0 > 1800:
+                raise Broken(f"B2 {peer}: {c:,} of {target:,} in Kafka after 30 minutes")
+            time.sleep(0.05)
+            t, c = time.monotonic(), self.kafka.count(topic)
+            if t - shown >= 5:
+                shown = t
+                progress(f"B2 {peer}: {c:,} in Kafka ({(c - c0) / (t - t0):,.0f} msg/s)")
+        return (c - c0) / (t - t0)
+
+    def check_topic(self, peer, topic, expected):
+        records, distinct = self.kafka.distinct_seqs(topic)
+        if records != expected or distinct != expected:
+            raise Broken(f"B2 {peer}: Kafka holds {records:,} records, {distinct:,} distinct,"
+                         f" of {expected:,} messages published")
+        progress(f"B2 {peer}: Kafka holds the {expected:,} messages, each once")
+
+    def b2(self):
+        n = self.size["backlog"]
+
+        self.worker.pause()
+        self.fill_backlog("ours", "bench.b2.ours")
+        pids = self.worker.pids()
+        for pid in pids:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")         # VmHWM from now on: B2's peak, not an earlier one
+        private = {"peak": 0}
+        sampling = threading.Event()
+
+        def sample_private_memory():
+            # VmHWM counts the shared buffers the worker touched; RssAnon is its own.
+            while not sampling.wait(0.2):
+                private["peak"] = max(private["peak"], sum(read_status(p, "RssAnon") for p in pids))
+        sampler = threading.Thread(target=sample_private_memory)
+        sampler.start()
+        begin, cpu = time.monotonic(), cpu_seconds(pids)
+        self.worker.resume()
+        rate = self.watch_drain("ours", "bench.b2.ours", n)
+        self.worker.wait_drained(60)
+        cpu = cpu_seconds(pids) - cpu
+        sampling.set()
+        sampler.join()
+        rss = {"ours": sum(read_status(p, "VmHWM") for p in pids)}
+        progress(f"B2 ours: {rate:,.0f} msg/s; outbox empty {time.monotonic() - begin:.1f} s after"
+                 f" the reload; worker CPU {cpu:.1f} s, VmHWM {rss['ours'] / 1024:.0f} MiB,"
+                 f" RssAnon peak {private['peak'] / 1024:.0f} MiB")
+        dead = self.db.value("SELECT count(*) FROM outbox_dead_letter")
+        if dead:
+            raise Broken(f"B2 ours: {dead} dead letters")
+        self.check_topic("ours", "bench.b2.ours", n)
+        rates = {"ours": rate}
+
+        self.fill_backlog("tuned", "bench.b2.tuned")
+        poller = Peer("tuned", self.args)
+        rates["tuned"] = self.watch_drain("tuned", "bench.b2.tuned", n)
+        wait_until("B2 tuned: table empty", lambda: self.db.value(BACKLOG["tuned"]) == 0, 60, 0.2)
+        rss["tuned"] = poller.peak_rss_kb()
+        poller.stop()
+        progress(f"B2 tuned: {rates['tuned']:,.0f} msg/s")
+        self.check_topic("tuned", "bench.b2.tuned", n)
+
+        self.fill_backlog("seed", "bench.b2.seed")
+        poller = Peer("seed", self.args)
+        rates["seed"] = self.watch_drain("seed", "bench.b2.seed", n, window=self.size["seed_window"])
+        rss["seed"] = poller.peak_rss_kb()
+        poller.stop()
+        sent = self.db.value("SELECT count(*) FROM seed_message WHERE status = 'SENT'")
+        progress(f"B2 seed: {rates['seed']:,.0f} msg/s over {self.size['seed_window']} s;"
+                 f" {n:,} would take it {hours(n / rates['seed'])}")
+        self.check_topic("seed", "bench.b2.seed", sent)
+
+        self.results["b2"] = {"rate": rates, "rss": rss, "private": private["peak"], "cpu": cpu}
+        self.clean()
+
+    # B1 ----------------------------------------------------------------------
+
+    def b1(self):
+        """Rounds of every variant in turn, so that drift hits them alike."""
+        scripts = {name: "\n".join(["BEGIN;", B1_USER] + statements + ["COMMIT;", ""])
+                   for name, statements in B1_VARIANTS.items()}
+        scripts[B1_PAUSED] = scripts[B1_PUBLISHING]
+        tps = {name: [] for name in scripts}
+        cpu = {name: 0.0 for name in scripts}      # seconds used by what publishes meanwhile
+        for round_ in range(self.size["b1_rounds"]):
+            for name, script in scripts.items():
+                poller = Peer("tuned", self.args) if name == B1_TUNED else None
+                if name == B1_PAUSED:
+                    self.worker.pause()
+                publisher = (poller.pids(self.db) if poller else
+                             self.worker.pids() if name == B1_PUBLISHING else [])
+                before = cpu_seconds(publisher)
+                tps[name].append(self.pgbench(script, self.size["b1_seconds"])["tps"])
+                cpu[name] += cpu_seconds(publisher) - before
+                progress(f"B1 round {round_ + 1}: {name}: {tps[name][-1]:,.0f} TPS")
+                if poller:
+                    wait_until("B1: tuned_message drained",
+                               lambda: self.db.value(BACKLOG["tuned"]) == 0, 300, 0.2)
+                    poller.stop()
+                if name == B1_PAUSED:
+                    self.worker.resume()
+                    self.worker.wait_drained(300)
+        seconds = self.size["b1_seconds"] * self.size["b1_rounds"]
+        self.results["b1"] = {name: (sum(values) / len(values), cpu[name] / seconds)
+                              for name, values in tps.items()}
+        self.clean()
+
+    # B3 ----------------------------------------------------------------------
+
+    def latency_run(self, peer, rate):
+        topic = f"bench.b3.{peer}.{rate}"
+        seconds, grace, per_transaction = self.size["b3_seconds"], self.size["grace"], B3_RATES[rate]
+        poller = Peer(peer, self.args) if peer != "ours" else None
+        consumer = LatencyConsumer(self.kafka, topic)
+        consumer.start()
+        begin, began = time.time() * 1000, time.monotonic()
+        load = self.pgbench(enqueue_script(peer, topic, per_transaction), seconds + WARMUP,
+                            rate=rate // per_transaction)
+        committed = load["processed"] * per_transaction
+        backlog = self.db.value(BACKLOG[peer])
+        deadline = time.monotonic() + grace
+        while len(consumer.samples) < committed and time.monotonic() < deadline:
+            time.sleep(0.1)
+        consumer.stop()
+        elapsed = time.monotonic() - began
+        if poller:
+            poller.stop()
+        received = len(consumer.samples)
+        if received > committed or (received < committed and self.db.value(BACKLOG[peer]) == 0):
+            raise Broken(f"B3 {peer} at {rate}/s: {committed:,} committed, {received:,} in Kafka")
+        # Behind: more than a second's worth of messages still unpublished when
+        # the load ended.  Its latencies then only say how long the load ran.
+        kept_up = backlog <= rate
+        stats = percentiles(consumer.latencies(enqueued_after=begin + WARMUP * 1000))
+        result = {"committed": load["tps"] * per_transaction, "delivered": received / elapsed,
+                  "kept_up": kept_up, "backlog": backlog, **(stats or {})}
+        progress(f"B3 {peer} at {rate}/s: {result['committed']:,.0f} msg/s committed, "
+                 + ("kept up" if kept_up else f"behind: backlog {backlog:,} at the end of the load")
+                 + ("; p50 %(p50).1f ms, p99 %(p99).1f ms, max %(max).1f ms" % stats if stats else ""))
+        self.clean()
+        return result
+
+    def floor_run(self, rate):
+        """The same consumer on messages produced straight to Kafka (floor.py)."""
+        topic = f"bench.b3.floor.{rate}"
+        seconds = self.size["b3_seconds"] + WARMUP
+        consumer = LatencyConsumer(self.kafka, topic)
+        consumer.start()
+        begin = time.time() * 1000
+        subprocess.run([PYTHON, os.path.join(HERE, "floor.py"), "--brokers", self.args.brokers,
+                        "--topic", topic, "--rate", str(rate), "--seconds", str(seconds)], check=True)
+        wait_until(f"B3 floor at {rate}/s: every message consumed",
+                   lambda: len(consumer.samples) >= int(rate * seconds), 30)
+        consumer.stop()
+        stats = percentiles(consumer.latencies(enqueued_after=begin + WARMUP * 1000))
+        progress("B3 floor at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms"
+                 % (rate, stats["p50"], stats["p99"], stats["max"]))
+        return stats
+
+    def b3(self):
+        self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
+                              for rate in B3_RATES}
+        self.results["floor"] = {rate: self.floor_run(rate) for rate in B3_RATES}
+
+    # B4 ----------------------------------------------------------------------
+
+    def b4(self):
+        topic = "bench.b4.ours"
+        consumer = LatencyConsumer(self.kafka, topic)
+        consumer.start()
+        load = self.pgbench(enqueue_script("ours", topic, 1), SOAK["seconds"], rate=SOAK["rate"],
+                            background=True)
+        begin, series, last = time.monotonic(), [], time.time() * 1000
+        for i in range(1, SOAK["seconds"] // SOAK["every"] + 1):
+            time.sleep(max(0.0, begin + i * SOAK["every"] - time.monotonic()))
+            now = time.time() * 1000
+            stats = percentiles(consumer.latencies(received_after=last))
+            last = now
+            size, dead = self.db.run(
+                "SELECT pg_total_relation_size('outbox_message'), n_dead_tup"
+                "  FROM pg_stat_user_tables WHERE relname = 'outbox_message'")[0]
+            series.append((i * SOAK["every"], size, dead, stats["p99"] if stats else None))
+            progress(f"B4 {series[-1][0]:4d} s: outbox_message {size / 1024:,.0f} kB,"
+                     f" {dead:,} dead tuples, p99 {series[-1][3] or 0:.1f} ms")
+        processed = self.finish_pgbench(load)["processed"]
+        self.worker.wait_drained(60)
+        wait_until("B4: every message consumed", lambda: len(consumer.samples) >= processed, 30)
+        consumer.stop()
+        if len(consumer.samples) != processed:
+            raise Broken(f"B4: {processed:,} committed, {len(consumer.samples):,} in Kafka")
+        self.results["b4"] = series
+
+    # the report ----------------------------------------------------------------
+
+    def report(self):
+        out = []
+        mem = read_meminfo_gib()
+        so = os.path.join(subprocess.check_output(
+            [os.path.join(self.args.pg_bin, "pg_config"), "--pkglibdir"], text=True).strip(), "outbox.so")
+        with open(so, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        built = datetime.datetime.fromtimestamp(os.path.getmtime(so)).strftime("%Y-%m-%d %H:%M")
+        out += [
+            "",
+            f"outbox benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+            f"machine:   {os.cpu_count()} CPUs ({cpu_model()}), {mem:.1f} GiB memory, {platform.platform()}",
+            f"command:   {self.args.command}",
+            f"measured:  {so} (built {built}, sha256 {digest}), PostgreSQL {self.db.value('SHOW server_version')},"
+            f" librdkafka {confluent_kafka.libversion()[0]}, one local Kafka broker, {PARTITIONS} partitions per topic",
+            "",
+        ]
+        b2, b3 = self.results.get("b2"), self.results.get("b3")
+        rows = [("benchmark", "ours", "seed poller", "tuned poller", "ours/tuned", "target")]
+        if b2:
+            r = b2["rate"]
+            rows.append((f"B2 drain {self.size['backlog']:,} backlog, msg/s",
+                         f"{r['ours']:,.0f}", f"{r['seed']:,.0f}", f"{r['tuned']:,.0f}",
+                         f"{r['ours'] / r['tuned']:.2f}", ">= 100,000 and >= 2x tuned"))
+            rows.append(("B2 peak RSS (VmHWM), MiB", *(f"{b2['rss'][p] / 1024:,.0f}" for p in PEERS),
+                         "", ""))
+            rows.append(("B2 worker peak private RSS (RssAnon), MiB", f"{b2['private'] / 1024:,.0f}",
+                         "", "", "", ""))
+            rows.append(("B2 worker CPU per message, us", f"{b2['cpu'] * 1e6 / self.size['backlog']:.1f}",
+                         "", "", "", ""))
+        if b3:
+            for rate, target in zip(B3_RATES, (10, 50)):
+                by_peer = b3[rate]
+                for stat in ("p50", "p99", "max"):
+                    cells = [f"{by_peer[p][stat]:,.1f}" if by_peer[p]["kept_up"] and stat in by_peer[p]
+                             else "behind" for p in PEERS]
+                    both = by_peer["ours"]["kept_up"] and by_peer["tuned"]["kept_up"]
+                    rows.append((f"B3 {rate // 1000}k msg/s offered, {stat} ms", *cells,
+                                 f"{by_peer['ours'][stat] / by_peer['tuned'][stat]:.2f}" if both else "",
+                                 f"<= {target} and below tuned" if stat == "p99" else ""))
+                rows.append((f"B3 {rate // 1000}k msg/s: committed / delivered msg/s",
+                             *(f"{by_peer[p]['committed']:,.0f} / {by_peer[p]['delivered']:,.0f}"
+                               for p in PEERS),
+                             "", ""))
+        out += table(rows)
+        for rate, floor in self.results.get("floor", {}).items():
+            out.append(f"  floor at {rate:,} msg/s: Kafka alone (floor.py produces straight to the broker,"
+                       " no database), the same consumer: p50 %(p50).1f ms, p99 %(p99).1f ms,"
+                       " max %(max).1f ms" % floor)
+        for rate in B3_RATES if b3 else ():
+            for peer in PEERS:
+                if not b3[rate][peer]["kept_up"]:
+                    out.append(f"  behind: {peer} at {rate:,}/s left {b3[rate][peer]['backlog']:,}"
+                               f" messages unpublished when the {self.size['b3_seconds']} s load ended")
+        if b2:
+            out.append(f"  B2 seed poller: measured over {self.size['seed_window']} s of its drain;"
+                       f" {self.size['backlog']:,} messages would take it {hours(self.size['backlog'] / b2['rate']['seed'])}")
+        b1 = self.results.get("b1")
+        if b1:
+            plain = b1[B1_PLAIN][0]
+            out += ["", f"B1 enqueue: the registration transaction (1 user, 2 messages), pgbench -c {CLIENTS}"
+                        f" -j {JOBS}, {self.size['b1_rounds']} round(s) of {self.size['b1_seconds']} s"
+                        " per variant, in turn"]
+            out += table([("variant", "TPS", "vs plain INSERT", "publisher CPU, cores", "target")] + [
+                (name, f"{tps:,.0f}", f"{tps / plain:.2f}", f"{cores:.2f}" if cores else "",
+                 ">= 0.95" if name == B1_PUBLISHING else "")
+                for name, (tps, cores) in b1.items()])
+            out.append("  worker publishing: the worker sends what the load enqueues, on the same 2 cores;"
+                       " worker paused: the messages wait (outbox.brokers points nowhere);"
+                       " publisher CPU: the worker's, or the tuned poller's and its backend's")
+        b4 = self.results.get("b4")
+        if b4:
+            out += ["", f"B4 soak: {SOAK['seconds'] // 60} minutes at {SOAK['rate']:,} msg/s, outbox_enqueue"]
+            out += table([("s", "outbox_message kB", "dead tuples", "p99 ms")] + [
+                (str(s), f"{size / 1024:,.0f}", f"{dead:,}", f"{p99:.1f}" if p99 is not None else "-")
+                for s, size, dead, p99 in b4])
+        out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
+        print("\n".join(out), flush=True)
+
+
+def hours(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def table(rows):
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def read_meminfo_gib():
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) / 1024 / 1024
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="outbox benchmarks against two pollers")
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--brokers", required=True)
+    parser.add_argument("--pg-bin", required=True)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run")
+    parser.add_argument("--soak", action="store_true", help="add B4, 10 minutes")
+    parser.add_argument("--command", default=" ".join(sys.argv))
+    args = parser.parse_args()
+
+    bench = Bench(args)
+    with open(os.path.join(HERE, "schema.sql")) as schema:
+        bench.db.run(schema.read())
+    bench.kafka.create_topics(["crm.sync", "coupon.welcome"]
+                              + [f"bench.b2.{p}" for p in PEERS]
+                              + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
+                              + ["bench.b4.ours"])
+    try:
+        bench.part("B2 drain", bench.b2)
+        bench.part("B1 enqueue", bench.b1)
+        bench.part("B3 latency", bench.b3)
+        if args.soak:
+            bench.part("B4 soak", bench.b4)
+    except Broken as e:
+        bench.report()
+        sys.exit(f"bench.py: broken run: {e}")
+    bench.report()
+
+
+if __name__ == "__main__":
+    main()

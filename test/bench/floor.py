@@ -1,0 +1,41 @@
+#!/usr/bin/python3
+# B3's floor: messages produced straight to Kafka at a steady rate, with no
+# database in the way, carrying their send time as B3's payloads carry their
+# enqueue time.  What bench.py's consumer measures on them is what the broker
+# and the consumer alone cost on this machine: no peer can do better.
+#
+#   floor.py --brokers B --topic T --rate MSG_PER_S --seconds S
+#
+# /usr/bin/python3 on purpose: Debian's python3-confluent-kafka.
+import argparse
+import json
+import random
+import time
+
+from confluent_kafka import Producer
+
+
+def main():
+    parser = argparse.ArgumentParser(description="produce timestamped messages at a steady rate")
+    parser.add_argument("--brokers", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    args = parser.parse_args()
+
+    # As the peers' producers, but holding messages back 1 ms at most: 0
+    # would make one request per message, which at 10,000/s costs the broker
+    # more than it saves.
+    producer = Producer({"bootstrap.servers": args.brokers, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 1})
+    begin = time.monotonic()
+    for i in range(int(args.rate * args.seconds)):
+        time.sleep(max(0.0, begin + i / args.rate - time.monotonic()))
+        payload = {"t": round(time.time() * 1000, 3), "pad": "x" * 170}
+        producer.produce(args.topic, json.dumps(payload), "key-%d" % random.randrange(1000))
+        producer.poll(0)
+    producer.flush()
+
+
+if __name__ == "__main__":
+    main()
