@@ -52,14 +52,19 @@ typedef struct StoreStatementDef
 /*
  * The claim takes waiting rows in id order, skipping rows that another
  * session has locked and the later messages of any key whose earlier message
- * waits to retry: nothing overtakes a message of its own key.
+ * waits to retry: nothing overtakes a message of its own key.  Only retries
+ * wait for next_attempt_at: a pending row's is the start of the transaction
+ * that wrote it, which can be later than this transaction's now() although
+ * the row is committed and visible, and skipping it would let the next
+ * message of its key overtake it.
  */
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
 	[STMT_CLAIM] = {
 		"SELECT m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers,"
 		"       m.created_at, m.attempts"
 		"  FROM %1$s.outbox_message m"
-		" WHERE m.state <> 'sent' AND m.next_attempt_at <= now()"
+		" WHERE m.state <> 'sent'"
+		"   AND (m.state = 'pending' OR m.next_attempt_at <= now())"
 		"   AND (m.key IS NULL OR NOT EXISTS ("
 		"        SELECT FROM %1$s.outbox_message earlier"
 		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic"
