@@ -695,10 +695,8 @@ class Bench:
             out.append("  worker publishing: the worker sends what the load enqueues, on the same 2 cores;"
                        " worker paused: the messages wait (outbox.brokers points nowhere);"
                        " publisher CPU: the worker's, or the tuned poller's and its backend's")
-            messages = sum(n for n, _ in self.results["b1_drains"])
-            seconds = sum(n / rate for n, rate in self.results["b1_drains"])
-            out.append(f"  after each paused run, the worker published the messages that waited"
-                       f" ({messages:,} in all) at {messages / seconds:,.0f} msg/s"
+            drains = ", ".join(f"{n:,} at {rate:,.0f} msg/s" for n, rate in self.results["b1_drains"])
+            out.append(f"  after each paused run, the worker published the messages that waited: {drains}"
                        + (f" (B2: {b2['rate']['ours']:,.0f} msg/s)" if b2 else ""))
         b4 = self.results.get("b4")
         if b4:
