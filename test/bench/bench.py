@@ -53,7 +53,6 @@ SOAK = {"seconds": 600, "rate": 1000, "every": 30}
 B3_RATES = {1000: 1, 10000: 10}
 PEERS = ("ours", "seed", "tuned")
 PARTITIONS = 4
-KEYS = 1000
 CLIENTS, JOBS = 4, 2           # pgbench: 2 cores
 WARMUP = 1.0                   # B3/B4: seconds of load not counted (new connections, metadata)
 FILL_CHUNK = 100_000           # B2: rows per enqueueing transaction
@@ -66,37 +65,32 @@ BACKLOG = {
     "tuned": "SELECT count(*) FROM tuned_message",
 }
 
-# B3 and B4: how each peer enqueues N messages in one statement, ours through
-# outbox_enqueue(), the peers by INSERT into their tables.  The payloads
-# (~200 bytes) carry their enqueue time, epoch ms.
-ENQUEUE = {
-    "ours": "SELECT outbox_enqueue('{topic}', {payload}, 'key-' || mod(:k + g, 1000))"
-            " FROM generate_series(1, {n}) g;",
-    "seed": "INSERT INTO seed_message (topic, key, payload)"
-            " SELECT '{topic}', 'key-' || mod(:k + g, 1000), ({payload})::text FROM generate_series(1, {n}) g;",
-    "tuned": "INSERT INTO tuned_message (topic, key, payload)"
-             " SELECT '{topic}', 'key-' || mod(:k + g, 1000), ({payload})::text FROM generate_series(1, {n}) g;",
-}
+
+def enqueue_sql(peer, topic, payload, key, rows):
+    """One message for each row of a FROM clause: ours through
+    outbox_enqueue(), the peers by INSERT into their tables."""
+    if peer == "ours":
+        return f"SELECT count(outbox_enqueue('{topic}', {payload}, {key})) FROM {rows}"
+    return (f"INSERT INTO {TABLE[peer]} (topic, key, payload)"
+            f" SELECT '{topic}', {key}, ({payload})::text FROM {rows}")
+
+
+# B2: a backlog of ~200-byte JSON payloads over 1,000 keys, numbered so that
+# what Kafka got can be checked one by one.
+B2_PAYLOAD = "jsonb_build_object('seq', i, 'key', 'key-' || mod(i, 1000), 'pad', repeat('x', 156))"
+
+# B3 and B4: ~200-byte payloads that carry their enqueue time, epoch ms.
 B3_PAYLOAD = ("jsonb_build_object('t', round(extract(epoch FROM clock_timestamp()) * 1000, 3),"
               " 'pad', repeat('x', 170))")
 
 
-def enqueue_script(peer, topic, per_transaction):
-    return "\\set k random(1, %d)\n%s\n" % (KEYS, ENQUEUE[peer].format(
-        topic=topic, payload=B3_PAYLOAD, n=per_transaction))
+def latency_script(peer, topic, per_transaction):
+    """pgbench: a transaction of per_transaction messages, keys drawn at random."""
+    statement = enqueue_sql(peer, topic, B3_PAYLOAD, "'key-' || mod(:k + g, 1000)",
+                            f"generate_series(1, {per_transaction}) g")
+    return f"\\set k random(1, 1000)\n{statement};\n"
 
 
-# B2: a backlog of ~200-byte JSON payloads over KEYS keys, numbered so that
-# what Kafka got can be checked one by one.
-B2_PAYLOAD = "jsonb_build_object('seq', i, 'key', 'key-' || mod(i, 1000), 'pad', repeat('x', 156))"
-B2_FILL = {
-    "ours": "SELECT count(outbox_enqueue(%(topic)s, {p}, 'key-' || mod(i, 1000)))"
-            " FROM generate_series(%(lo)s, %(hi)s) i",
-    "seed": "INSERT INTO seed_message (topic, key, payload)"
-            " SELECT %(topic)s, 'key-' || mod(i, 1000), ({p})::text FROM generate_series(%(lo)s, %(hi)s) i",
-    "tuned": "INSERT INTO tuned_message (topic, key, payload)"
-             " SELECT %(topic)s, 'key-' || mod(i, 1000), ({p})::text FROM generate_series(%(lo)s, %(hi)s) i",
-}
 # B1: the registration of seed article 000 (a user row, then crm.sync and
 # coupon.welcome, keyed by the user), ~200-byte payloads.
 B1_USER = ("INSERT INTO app_user (email, name) VALUES (gen_random_uuid() || '@example.com',"
@@ -282,6 +276,9 @@ class Worker:
     def pids(self):
         return [pid for pid, _, _ in self.rows() if pid]
 
+    def published(self):
+        return sum(published for _, _, published in self.rows())
+
     def pause(self):
         # An address where no broker listens: the worker claims nothing.
         self.db.run("ALTER SYSTEM SET outbox.brokers = '127.0.0.1:1'")
@@ -321,7 +318,9 @@ class Peer:
         out, _ = self.process.communicate(timeout=120)
         if self.process.returncode != 0:
             raise Broken(f"{self.kind} poller exited with {self.process.returncode}")
-        return json.loads(out)
+        failed = json.loads(out)["failed"]
+        if failed:
+            raise Broken(f"{self.kind} poller: {failed} messages failed to publish")
 
 
 class Bench:
@@ -333,6 +332,14 @@ class Bench:
         self.worker = Worker(self.db)
         self.results = {}
         self.timings = []
+        # Which build: read now, just after the server loaded it, in case
+        # another is installed while the bench runs.
+        so = os.path.join(subprocess.check_output(
+            [os.path.join(args.pg_bin, "pg_config"), "--pkglibdir"], text=True).strip(), "outbox.so")
+        with open(so, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        built = datetime.datetime.fromtimestamp(os.path.getmtime(so))
+        self.measured = f"{so} (built {built:%Y-%m-%d %H:%M}, sha256 {digest})"
 
     def pgbench(self, script, seconds, rate=None, background=False):
         """pgbench over the script (text); with background, the Popen (see finish_pgbench)."""
@@ -360,7 +367,7 @@ class Bench:
                 figures["processed"] = int(line.split(":")[1].split("/")[0])
             elif line.startswith("tps = "):
                 figures["tps"] = float(line.split()[2])
-            elif line.startswith("number of failed transactions:") and not line.split(":")[1].strip().startswith("0 "):
+            elif line.startswith("number of failed transactions:") and not line.endswith(" 0 (0.000%)"):
                 raise Broken(f"pgbench: {line}")
         return figures
 
@@ -384,10 +391,12 @@ class Bench:
         n = self.size["backlog"]
         begin = time.monotonic()
         for lo in range(1, n + 1, FILL_CHUNK):
-            self.db.run(B2_FILL[peer].format(p=B2_PAYLOAD),
-                        {"topic": topic, "lo": lo, "hi": min(lo + FILL_CHUNK - 1, n)})
+            rows = f"generate_series({lo}, {min(lo + FILL_CHUNK - 1, n)}) i"
+            self.db.run(enqueue_sql(peer, topic, B2_PAYLOAD, "'key-' || mod(i, 1000)", rows))
         rate = n / (time.monotonic() - begin)
         progress(f"B2 {peer}: {n:,} messages committed ({rate:,.0f}/s); vacuum, checkpoint")
+        # As autovacuum would have, in an outage long enough to pile up this
+        # much.  (B1's drain after a short pause shows a table not analyzed.)
         self.db.run(f"VACUUM ANALYZE {TABLE[peer]}")
         self.db.run("CHECKPOINT")
 
@@ -415,61 +424,71 @@ class Bench:
         progress(f"B2 {peer}: Kafka holds the {expected:,} messages, each once")
 
     def b2(self):
-        n = self.size["backlog"]
+        result = {"rate": {}, "rss": {}, "cpu": {}}
+        self.b2_ours(result)
+        self.b2_tuned(result)
+        self.b2_seed(result)
+        self.results["b2"] = result
+        self.clean()
 
+    def b2_ours(self, result):
+        n = self.size["backlog"]
         self.worker.pause()
         self.fill_backlog("ours", "bench.b2.ours")
         pids = self.worker.pids()
         for pid in pids:
             with open(f"/proc/{pid}/clear_refs", "w") as f:
                 f.write("5")         # VmHWM from now on: B2's peak, not an earlier one
-        private = {"peak": 0}
+        result["private"] = 0
         sampling = threading.Event()
 
         def sample_private_memory():
             # VmHWM counts the shared buffers the worker touched; RssAnon is its own.
             while not sampling.wait(0.2):
-                private["peak"] = max(private["peak"], sum(read_status(p, "RssAnon") for p in pids))
+                result["private"] = max(result["private"], sum(read_status(p, "RssAnon") for p in pids))
         sampler = threading.Thread(target=sample_private_memory)
         sampler.start()
         begin, cpu = time.monotonic(), cpu_seconds(pids)
         self.worker.resume()
-        rate = self.watch_drain("ours", "bench.b2.ours", n)
+        result["rate"]["ours"] = self.watch_drain("ours", "bench.b2.ours", n)
         self.worker.wait_drained(60)
-        cpu = cpu_seconds(pids) - cpu
+        result["cpu"]["ours"] = cpu_seconds(pids) - cpu
         sampling.set()
         sampler.join()
-        rss = {"ours": sum(read_status(p, "VmHWM") for p in pids)}
-        progress(f"B2 ours: {rate:,.0f} msg/s; outbox empty {time.monotonic() - begin:.1f} s after"
-                 f" the reload; worker CPU {cpu:.1f} s, VmHWM {rss['ours'] / 1024:.0f} MiB,"
-                 f" RssAnon peak {private['peak'] / 1024:.0f} MiB")
+        result["rss"]["ours"] = sum(read_status(p, "VmHWM") for p in pids)
+        progress(f"B2 ours: {result['rate']['ours']:,.0f} msg/s; outbox empty"
+                 f" {time.monotonic() - begin:.1f} s after the reload")
         dead = self.db.value("SELECT count(*) FROM outbox_dead_letter")
         if dead:
             raise Broken(f"B2 ours: {dead} dead letters")
         self.check_topic("ours", "bench.b2.ours", n)
-        rates = {"ours": rate}
 
+    def b2_tuned(self, result):
+        n = self.size["backlog"]
         self.fill_backlog("tuned", "bench.b2.tuned")
         poller = Peer("tuned", self.args)
-        rates["tuned"] = self.watch_drain("tuned", "bench.b2.tuned", n)
+        pids = poller.pids(self.db)
+        cpu = cpu_seconds(pids)
+        result["rate"]["tuned"] = self.watch_drain("tuned", "bench.b2.tuned", n)
         wait_until("B2 tuned: table empty", lambda: self.db.value(BACKLOG["tuned"]) == 0, 60, 0.2)
-        rss["tuned"] = poller.peak_rss_kb()
+        result["cpu"]["tuned"] = cpu_seconds(pids) - cpu
+        result["rss"]["tuned"] = poller.peak_rss_kb()
         poller.stop()
-        progress(f"B2 tuned: {rates['tuned']:,.0f} msg/s")
+        progress(f"B2 tuned: {result['rate']['tuned']:,.0f} msg/s")
         self.check_topic("tuned", "bench.b2.tuned", n)
 
+    def b2_seed(self, result):
+        """The seed poller would take long: its rate over a window."""
+        n, window = self.size["backlog"], self.size["seed_window"]
         self.fill_backlog("seed", "bench.b2.seed")
         poller = Peer("seed", self.args)
-        rates["seed"] = self.watch_drain("seed", "bench.b2.seed", n, window=self.size["seed_window"])
-        rss["seed"] = poller.peak_rss_kb()
+        result["rate"]["seed"] = self.watch_drain("seed", "bench.b2.seed", n, window=window)
+        result["rss"]["seed"] = poller.peak_rss_kb()
         poller.stop()
         sent = self.db.value("SELECT count(*) FROM seed_message WHERE status = 'SENT'")
-        progress(f"B2 seed: {rates['seed']:,.0f} msg/s over {self.size['seed_window']} s;"
-                 f" {n:,} would take it {hours(n / rates['seed'])}")
+        progress(f"B2 seed: {result['rate']['seed']:,.0f} msg/s over {window} s;"
+                 f" {n:,} would take it {hours(n / result['rate']['seed'])}")
         self.check_topic("seed", "bench.b2.seed", sent)
-
-        self.results["b2"] = {"rate": rates, "rss": rss, "private": private["peak"], "cpu": cpu}
-        self.clean()
 
     # B1 ----------------------------------------------------------------------
 
@@ -480,6 +499,7 @@ class Bench:
         scripts[B1_PAUSED] = scripts[B1_PUBLISHING]
         tps = {name: [] for name in scripts}
         cpu = {name: 0.0 for name in scripts}      # seconds used by what publishes meanwhile
+        drains = []
         for round_ in range(self.size["b1_rounds"]):
             for name, script in scripts.items():
                 poller = Peer("tuned", self.args) if name == B1_TUNED else None
@@ -496,12 +516,26 @@ class Bench:
                                lambda: self.db.value(BACKLOG["tuned"]) == 0, 300, 0.2)
                     poller.stop()
                 if name == B1_PAUSED:
-                    self.worker.resume()
-                    self.worker.wait_drained(300)
+                    drains.append(self.drain_after_pause())
         seconds = self.size["b1_seconds"] * self.size["b1_rounds"]
         self.results["b1"] = {name: (sum(values) / len(values), cpu[name] / seconds)
                               for name, values in tps.items()}
+        self.results["b1_drains"] = drains
         self.clean()
+
+    def drain_after_pause(self):
+        """Let the worker publish what waited while it was paused, as after a
+        short broker outage; (messages, msg/s from its first publish to the
+        last).  Unlike B2's backlog, nothing has analyzed the table since it
+        filled."""
+        backlog, published = self.db.value(BACKLOG["ours"]), self.worker.published()
+        self.worker.resume()
+        wait_until("worker publishing again", lambda: self.worker.published() > published, 60, 0.02)
+        begin = time.monotonic()
+        self.worker.wait_drained(600)
+        rate = backlog / (time.monotonic() - begin)
+        progress(f"B1: the worker published the {backlog:,} messages that waited at {rate:,.0f} msg/s")
+        return backlog, rate
 
     # B3 ----------------------------------------------------------------------
 
@@ -512,7 +546,7 @@ class Bench:
         consumer = LatencyConsumer(self.kafka, topic)
         consumer.start()
         begin, began = time.time() * 1000, time.monotonic()
-        load = self.pgbench(enqueue_script(peer, topic, per_transaction), seconds + WARMUP,
+        load = self.pgbench(latency_script(peer, topic, per_transaction), seconds + WARMUP,
                             rate=rate // per_transaction)
         committed = load["processed"] * per_transaction
         backlog = self.db.value(BACKLOG[peer])
@@ -564,9 +598,12 @@ class Bench:
 
     def b4(self):
         topic = "bench.b4.ours"
+        # The outbox is empty, but B2's million rows left its files large:
+        # start from nothing, so that the series shows any growth.
+        self.db.run("VACUUM FULL outbox_message")
         consumer = LatencyConsumer(self.kafka, topic)
         consumer.start()
-        load = self.pgbench(enqueue_script("ours", topic, 1), SOAK["seconds"], rate=SOAK["rate"],
+        load = self.pgbench(latency_script("ours", topic, 1), SOAK["seconds"], rate=SOAK["rate"],
                             background=True)
         begin, series, last = time.monotonic(), [], time.time() * 1000
         for i in range(1, SOAK["seconds"] // SOAK["every"] + 1):
@@ -591,20 +628,15 @@ class Bench:
     # the report ----------------------------------------------------------------
 
     def report(self):
-        out = []
-        mem = read_meminfo_gib()
-        so = os.path.join(subprocess.check_output(
-            [os.path.join(self.args.pg_bin, "pg_config"), "--pkglibdir"], text=True).strip(), "outbox.so")
-        with open(so, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:12]
-        built = datetime.datetime.fromtimestamp(os.path.getmtime(so)).strftime("%Y-%m-%d %H:%M")
-        out += [
+        out = [
             "",
             f"outbox benchmarks, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-            f"machine:   {os.cpu_count()} CPUs ({cpu_model()}), {mem:.1f} GiB memory, {platform.platform()}",
+            f"machine:   {os.cpu_count()} CPUs ({cpu_model()}), {read_meminfo_gib():.1f} GiB memory,"
+            f" {platform.platform()}",
             f"command:   {self.args.command}",
-            f"measured:  {so} (built {built}, sha256 {digest}), PostgreSQL {self.db.value('SHOW server_version')},"
-            f" librdkafka {confluent_kafka.libversion()[0]}, one local Kafka broker, {PARTITIONS} partitions per topic",
+            f"measured:  {self.measured}, PostgreSQL {self.db.value('SHOW server_version')},"
+            f" librdkafka {confluent_kafka.libversion()[0]},"
+            f" one local Kafka broker, {PARTITIONS} partitions per topic",
             "",
         ]
         b2, b3 = self.results.get("b2"), self.results.get("b3")
@@ -618,8 +650,9 @@ class Bench:
                          "", ""))
             rows.append(("B2 worker peak private RSS (RssAnon), MiB", f"{b2['private'] / 1024:,.0f}",
                          "", "", "", ""))
-            rows.append(("B2 worker CPU per message, us", f"{b2['cpu'] * 1e6 / self.size['backlog']:.1f}",
-                         "", "", "", ""))
+            per_message = {p: b2["cpu"][p] * 1e6 / self.size["backlog"] for p in ("ours", "tuned")}
+            rows.append(("B2 CPU per message, us", f"{per_message['ours']:.1f}", "",
+                         f"{per_message['tuned']:.1f}", f"{per_message['ours'] / per_message['tuned']:.2f}", ""))
         if b3:
             for rate, target in zip(B3_RATES, (10, 50)):
                 by_peer = b3[rate]
@@ -634,7 +667,8 @@ class Bench:
                              *(f"{by_peer[p]['committed']:,.0f} / {by_peer[p]['delivered']:,.0f}"
                                for p in PEERS),
                              "", ""))
-        out += table(rows)
+        if len(rows) > 1:
+            out += table(rows)
         for rate, floor in self.results.get("floor", {}).items():
             out.append(f"  floor at {rate:,} msg/s: Kafka alone (floor.py produces straight to the broker,"
                        " no database), the same consumer: p50 %(p50).1f ms, p99 %(p99).1f ms,"
@@ -645,8 +679,9 @@ class Bench:
                     out.append(f"  behind: {peer} at {rate:,}/s left {b3[rate][peer]['backlog']:,}"
                                f" messages unpublished when the {self.size['b3_seconds']} s load ended")
         if b2:
+            n = self.size["backlog"]
             out.append(f"  B2 seed poller: measured over {self.size['seed_window']} s of its drain;"
-                       f" {self.size['backlog']:,} messages would take it {hours(self.size['backlog'] / b2['rate']['seed'])}")
+                       f" {n:,} messages would take it {hours(n / b2['rate']['seed'])}")
         b1 = self.results.get("b1")
         if b1:
             plain = b1[B1_PLAIN][0]
@@ -660,6 +695,9 @@ class Bench:
             out.append("  worker publishing: the worker sends what the load enqueues, on the same 2 cores;"
                        " worker paused: the messages wait (outbox.brokers points nowhere);"
                        " publisher CPU: the worker's, or the tuned poller's and its backend's")
+            drains = ", ".join(f"{n:,} at {rate:,.0f} msg/s" for n, rate in self.results["b1_drains"])
+            out.append(f"  after each paused run, the worker published the messages that waited: {drains}"
+                       + (f" (B2: {b2['rate']['ours']:,.0f} msg/s)" if b2 else ""))
         b4 = self.results.get("b4")
         if b4:
             out += ["", f"B4 soak: {SOAK['seconds'] // 60} minutes at {SOAK['rate']:,} msg/s, outbox_enqueue"]

@@ -43,23 +43,23 @@ def sleep_unless_stopped(seconds):
 SEED_INTERVAL = 3.0
 SEED_BATCH = 100
 SEED_SELECT = """
-    SELECT id, message_id, topic, key, payload, retry_count, max_retry FROM seed_message
+    SELECT id, topic, key, payload, retry_count FROM seed_message
      WHERE status = 'PENDING' AND (next_retry_time IS NULL OR next_retry_time <= now())
      ORDER BY id LIMIT %s"""
 SEED_SENT = "UPDATE seed_message SET status = 'SENT', update_time = now() WHERE id = %s"
 SEED_RETRY = """
     UPDATE seed_message
-       SET retry_count = %s, error_msg = %s, update_time = now(),
-           status = CASE WHEN %s > max_retry THEN 'FAILED' ELSE status END,
-           next_retry_time = now() + least(power(2, %s) * 10, 3600) * interval '1 second'
-     WHERE id = %s"""
+       SET retry_count = %(n)s, error_msg = %(error)s, update_time = now(),
+           status = CASE WHEN %(n)s > max_retry THEN 'FAILED' ELSE status END,
+           next_retry_time = now() + least(power(2, %(n)s) * 10, 3600) * interval '1 second'
+     WHERE id = %(id)s"""
 
 
 def seed(args, counts):
     conn = psycopg2.connect(args.dsn, application_name="peers.py " + args.kind)
     conn.autocommit = True
     cur = conn.cursor()
-    # syncSend(): one message in flight, nothing held back to batch.
+    # syncSend() of the payload: one message in flight, nothing held back to batch.
     producer = Producer({"bootstrap.servers": args.brokers, "acks": "all", "linger.ms": 0})
     ready()
     while not stopping:
@@ -68,19 +68,17 @@ def seed(args, counts):
             rows = cur.fetchall()
             if not rows:
                 break
-            for id_, message_id, topic, key, payload, retry_count, max_retry in rows:
+            for id_, topic, key, payload, retry_count in rows:
                 if stopping:
                     break
                 outcome = []
-                producer.produce(topic, payload, key, headers=[("message-id", message_id)],
-                                 on_delivery=lambda err, msg: outcome.append(err))
+                producer.produce(topic, payload, key, on_delivery=lambda err, msg: outcome.append(err))
                 producer.flush()
                 if outcome == [None]:
                     cur.execute(SEED_SENT, (id_,))
                     counts["sent"] += 1
                 else:
-                    cur.execute(SEED_RETRY, (retry_count + 1, str(outcome), retry_count + 1,
-                                             retry_count + 1, id_))
+                    cur.execute(SEED_RETRY, {"n": retry_count + 1, "error": str(outcome), "id": id_})
                     counts["failed"] += 1
         sleep_unless_stopped(SEED_INTERVAL)
 
