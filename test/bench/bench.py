@@ -296,12 +296,14 @@ class Worker:
 
 class Peer:
     """A poller of peers.py, in a process of its own."""
+    running = set()      # killed if the bench ends early
 
     def __init__(self, kind, args):
         self.kind = kind
         self.process = subprocess.Popen(
             [PYTHON, os.path.join(HERE, "peers.py"), kind, "--dsn", args.dsn, "--brokers", args.brokers],
             stdout=subprocess.PIPE, text=True)
+        Peer.running.add(self.process)
         if self.process.stdout.readline().strip() != "ready":
             raise Broken(f"{kind} poller did not start")
 
@@ -316,6 +318,7 @@ class Peer:
     def stop(self):
         self.process.send_signal(signal.SIGTERM)
         out, _ = self.process.communicate(timeout=120)
+        Peer.running.discard(self.process)
         if self.process.returncode != 0:
             raise Broken(f"{self.kind} poller exited with {self.process.returncode}")
         failed = json.loads(out)["failed"]
@@ -762,6 +765,9 @@ def main():
     except Broken as e:
         bench.report()
         sys.exit(f"bench.py: broken run: {e}")
+    finally:
+        for process in Peer.running:
+            process.kill()
     bench.report()
 
 
