@@ -111,6 +111,22 @@ SELECT outbox_enqueue('t', 'first'::text) > 0 AS enqueued;
 SELECT outbox_enqueue('bad topic', 'second'::text);
 COMMIT;
 
+-- an enqueue whose INSERT fails, in a subtransaction rolled back, leaves
+-- the next plain INSERT checked as always
+CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN IF NEW.payload = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END$$;
+CREATE TRIGGER a_refuse_boom BEFORE INSERT ON outbox_message
+    FOR EACH ROW EXECUTE FUNCTION refuse_boom();
+BEGIN;
+SAVEPOINT before_boom;
+SELECT outbox_enqueue('t', 'boom'::text);
+ROLLBACK TO SAVEPOINT before_boom;
+INSERT INTO outbox_message (topic, payload) VALUES ('bad topic', 'x');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TRIGGER a_refuse_boom ON outbox_message;
+DROP FUNCTION refuse_boom();
+
 -- only the accepted messages are there
 SELECT topic = repeat('t', 249) AS long_topic, convert_from(payload, 'UTF8') AS payload,
        headers

@@ -49,6 +49,12 @@
 /* Set when this transaction wrote an outbox row; the commit wakes the worker. */
 static bool wake_worker_at_commit = false;
 
+/*
+ * Set while outbox_enqueue() inserts the row it has checked and whose key it
+ * has locked, so that the trigger does not do it all again.
+ */
+static bool inserting_checked_row = false;
+
 /* The INSERT that outbox_enqueue() runs, prepared once per schema. */
 static SPIPlanPtr enqueue_plan = NULL;
 static Oid	enqueue_plan_namespace = InvalidOid;
@@ -271,9 +277,18 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 	values[3] = PointerGetDatum(headers);
 	nulls[3] = headers ? ' ' : 'n';
 
-	if (SPI_execute_plan(enqueue_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
-		SPI_processed != 1)
-		elog(ERROR, "outbox: enqueue insert did not return an id");
+	inserting_checked_row = true;
+	PG_TRY();
+	{
+		if (SPI_execute_plan(enqueue_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
+			SPI_processed != 1)
+			elog(ERROR, "outbox: enqueue insert did not return an id");
+	}
+	PG_FINALLY();
+	{
+		inserting_checked_row = false;
+	}
+	PG_END_TRY();
 
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_finish();
@@ -282,8 +297,8 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 
 /*
  * The common part of the outbox_enqueue() variants, once the payload
- * is in its bytes.  The trigger repeats the row checks; they are cheap, and
- * checking here first lets the errors name the function's arguments.
+ * is in its bytes.  Checking here rather than in the trigger lets the errors
+ * name the function's arguments.
  */
 static Datum
 enqueue(FunctionCallInfo fcinfo, bytea *payload)
@@ -378,6 +393,14 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	rel = trigdata->tg_relation;
 	desc = RelationGetDescr(rel);
 	tuple = trigdata->tg_trigtuple;
+	wake_worker_at_commit = true;
+
+	/* its id was drawn after outbox_enqueue() locked its key */
+	if (inserting_checked_row)
+	{
+		inserting_checked_row = false;
+		return PointerGetDatum(tuple);
+	}
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "topic"), desc, &isnull);
 	topic = isnull ? NULL : DatumGetTextPP(value);
@@ -414,7 +437,6 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	if (key && lock_message_key(topic, key))
 		tuple = renumber_row(rel, tuple, SPI_fnumber(desc, "id"));
 
-	wake_worker_at_commit = true;
 	return PointerGetDatum(tuple);
 }
 

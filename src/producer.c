@@ -42,12 +42,21 @@ static const char *const enforced_properties[][2] = {
 	{"log.queue", "true"},
 };
 
-/* Defaults a user may override in outbox.kafka_properties. */
+/*
+ * Defaults a user may override in outbox.kafka_properties.  A batch is
+ * produced in one go, well under a millisecond, and Kafka works on it while
+ * the worker claims the next: so librdkafka should send it after a
+ * millisecond, not hold it for the default 5.  A message times out after
+ * twice request.timeout.ms (30 s): a request that times out while the broker
+ * stalls is first sent again by the idempotent producer, which the broker
+ * deduplicates; a message that timed out would be produced anew, and
+ * published twice if the stalled request was written after all.
+ */
 static const char *const default_properties[][2] = {
 	{"client.id", "postgresql-outbox"},
-	{"message.timeout.ms", "30000"},
+	{"message.timeout.ms", "60000"},
 	{"reconnect.backoff.max.ms", "1000"},
-	{"linger.ms", "5"},
+	{"linger.ms", "1"},
 };
 
 /*
@@ -379,12 +388,15 @@ producer_produce(OutboxProducer *producer, OutboxMessage *message)
 
 /*
  * Serve delivery reports until every produced message has one.  librdkafka
- * reports each message within message.timeout.ms; past that, or at shutdown,
- * or after a fatal error, the rest is withdrawn (reported as not sent, so
+ * reports each message within message.timeout.ms; past that, or
+ * SHUTDOWN_GRACE_MS into a shutdown, or after a fatal error, the rest is
+ * withdrawn (reported as not sent, so
  * its rows stay to be claimed again).  Returns false if anything was
  * withdrawn: the producer must then be destroyed, before the messages'
  * memory is freed, since a report may still be owed for them.
  */
+#define SHUTDOWN_GRACE_MS 2000
+
 bool
 producer_await_deliveries(OutboxProducer *producer)
 {
@@ -400,8 +412,11 @@ producer_await_deliveries(OutboxProducer *producer)
 		rd_kafka_flush(producer->rk, 50);
 		now = GetCurrentTimestamp();
 
-		if (withdrawn_at == 0 &&
-			(ShutdownRequestPending || producer->fatal || now >= deadline))
+		/* at shutdown, a batch Kafka has in hand gets a moment to be acknowledged */
+		if (ShutdownRequestPending)
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, SHUTDOWN_GRACE_MS));
+
+		if (withdrawn_at == 0 && (producer->fatal || now >= deadline))
 		{
 			rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 			withdrawn_at = now;
@@ -411,6 +426,19 @@ producer_await_deliveries(OutboxProducer *producer)
 			break;				/* a request the broker never answers */
 	}
 	return withdrawn_at == 0;
+}
+
+/*
+ * Did Kafka refuse the message as too large?  The broker refuses a whole
+ * record batch when it is larger than the topic allows, so a message can be
+ * refused for the size of the messages sent with it.
+ */
+bool
+producer_refused_for_size(const OutboxMessage *message)
+{
+	return message->outcome == DELIVERY_PERMANENT &&
+		(message->error_code == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+		 message->error_code == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE);
 }
 
 /* For outbox_simulate_fatal_error(): the error an idempotent producer can raise. */

@@ -37,6 +37,7 @@ typedef struct OutboxMessage
 	DeliveryOutcome outcome;
 	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */
 	bool		possibly_persisted;
+	bool		produced_alone; /* sent again on its own after a refusal for size */
 	int32		partition;
 	int64		offset;
 } OutboxMessage;
@@ -51,6 +52,7 @@ extern void producer_serve_events(OutboxProducer *producer);
 extern bool producer_brokers_reachable(OutboxProducer *producer, int timeout_ms);
 extern void producer_produce(OutboxProducer *producer, OutboxMessage *message);
 extern bool producer_await_deliveries(OutboxProducer *producer);
+extern bool producer_refused_for_size(const OutboxMessage *message);
 extern void producer_simulate_fatal_error(OutboxProducer *producer);
 extern const char *producer_error_text(int error_code);
 

@@ -25,6 +25,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -32,7 +33,10 @@
 
 typedef enum StoreStatement
 {
-	STMT_CLAIM,
+	STMT_CLAIM_BELOW,
+	STMT_CLAIM_AMONG,
+	STMT_CLAIM_ABOVE,
+	STMT_CLAIM_EXCEPT,
 	STMT_DELETE_SENT,
 	STMT_MARK_SENT,
 	STMT_RETRY,
@@ -57,25 +61,42 @@ typedef struct StoreStatementDef
  * that wrote it, which can be later than this transaction's now() although
  * the row is committed and visible, and skipping it would let the next
  * message of its key overtake it.
+ *
+ * The rows of the batch still in flight are no longer locked, since the
+ * transaction that claimed them has committed, so the claim leaves them out
+ * by id.  Walking past them would cost as much as claiming them; so it
+ * claims around them, by index ranges: the rows below the batch, the few ids
+ * among its ids that are not its own, and the rows above it; and only when
+ * those ids are too many, walks past them after all.
  */
+#define CLAIM_SQL(ids_to_claim) \
+		"SELECT m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
+		"       m.created_at, m.attempts" \
+		"  FROM %1$s.outbox_message m" \
+		" WHERE " ids_to_claim \
+		"   AND m.state <> 'sent'" \
+		"   AND (m.state = 'pending' OR m.next_attempt_at <= now())" \
+		"   AND (m.key IS NULL OR NOT EXISTS (" \
+		"        SELECT FROM %1$s.outbox_message earlier" \
+		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic" \
+		"           AND earlier.key = m.key AND earlier.id < m.id))" \
+		" ORDER BY m.id LIMIT $1" \
+		" FOR UPDATE OF m SKIP LOCKED"
+
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
-	[STMT_CLAIM] = {
-		"SELECT m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers,"
-		"       m.created_at, m.attempts"
-		"  FROM %1$s.outbox_message m"
-		" WHERE m.state <> 'sent'"
-		"   AND (m.state = 'pending' OR m.next_attempt_at <= now())"
-		"   AND (m.key IS NULL OR NOT EXISTS ("
-		"        SELECT FROM %1$s.outbox_message earlier"
-		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic"
-		"           AND earlier.key = m.key AND earlier.id < m.id))"
-		" ORDER BY m.id LIMIT $1"
-		" FOR UPDATE OF m SKIP LOCKED",
-		1, {INT4OID}
-	},
+	[STMT_CLAIM_BELOW] = {CLAIM_SQL("m.id < $2"), 2, {INT4OID, INT8OID}},
+	[STMT_CLAIM_AMONG] = {CLAIM_SQL("m.id = ANY ($2)"), 2, {INT4OID, INT8ARRAYOID}},
+	[STMT_CLAIM_ABOVE] = {CLAIM_SQL("m.id > $2"), 2, {INT4OID, INT8OID}},
+	[STMT_CLAIM_EXCEPT] = {CLAIM_SQL("m.id <> ALL ($2)"), 2, {INT4OID, INT8ARRAYOID}},
+	/*
+	 * One scan of the primary key's range ($2, $3) instead of a descent per
+	 * id: the ids are tested against the array, hashed, as a filter, which
+	 * IS TRUE keeps from becoming an index condition.
+	 */
 	[STMT_DELETE_SENT] = {
-		"DELETE FROM %1$s.outbox_message WHERE id = ANY ($1)",
-		1, {INT8ARRAYOID}
+		"DELETE FROM %1$s.outbox_message"
+		" WHERE id BETWEEN $2 AND $3 AND (id = ANY ($1)) IS TRUE",
+		3, {INT8ARRAYOID, INT8OID, INT8OID}
 	},
 	[STMT_MARK_SENT] = {
 		"UPDATE %1$s.outbox_message m"
@@ -119,8 +140,12 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 	},
 };
 
+/* Ids this far apart are deleted by two range scans rather than one. */
+#define DELETE_RUN_GAP 1000
+
 static SPIPlanPtr plans[STMT_COUNT];
 static Oid	plans_namespace = InvalidOid;
+static Oid	plans_extension = InvalidOid;
 
 /* The schema the outbox extension is created in, or InvalidOid; and its oid. */
 static Oid
@@ -150,9 +175,10 @@ extension_namespace(Oid *extension)
 /*
  * Is the extension created in this database?  If so, lock it against DROP
  * EXTENSION until the transaction ends, so that its tables stay for the
- * batch, and make sure the statements are prepared for its schema.
+ * batch, make sure the statements are prepared for its schema, and return
+ * its oid; else return InvalidOid.
  */
-bool
+Oid
 store_find_extension(void)
 {
 	Oid			extension = InvalidOid;
@@ -172,11 +198,11 @@ store_find_extension(void)
 	if (!OidIsValid(namespace))
 	{
 		store_forget_extension();
-		return false;
+		return InvalidOid;
 	}
 
-	if (namespace == plans_namespace)
-		return true;
+	if (namespace == plans_namespace && extension == plans_extension)
+		return extension;
 
 	store_forget_extension();
 	schema = quote_identifier(get_namespace_name(namespace));
@@ -201,7 +227,8 @@ store_find_extension(void)
 		pfree(sql);
 	}
 	plans_namespace = namespace;
-	return true;
+	plans_extension = extension;
+	return extension;
 }
 
 /* Drop the prepared statements, after DROP EXTENSION for instance. */
@@ -215,6 +242,7 @@ store_forget_extension(void)
 		plans[i] = NULL;
 	}
 	plans_namespace = InvalidOid;
+	plans_extension = InvalidOid;
 }
 
 static int
@@ -228,28 +256,36 @@ run(StoreStatement stmt, Datum *args, int expected)
 	return rc;
 }
 
+static Datum make_array(Datum *elements, int count, Oid type);
+
 /*
- * Claim up to limit messages, locked until the transaction ends.  The
- * messages are allocated in the caller's memory context.
+ * Run one claim statement for up to limit - count more messages, and append
+ * them to batch, allocating them in context.  Returns the new count.
  */
-int
-store_claim_batch(OutboxMessage **messages, int limit)
+static int
+claim_more(StoreStatement stmt, Datum ids, OutboxMessage *batch, int count,
+		   int limit, MemoryContext context)
 {
-	Datum		args[1] = {Int32GetDatum(limit)};
-	MemoryContext caller = CurrentMemoryContext;
-	OutboxMessage *batch;
-	int			count;
+	Datum		args[2] = {Int32GetDatum(limit - count), ids};
+	TupleDesc	desc;
 
-	run(STMT_CLAIM, args, SPI_OK_SELECT);
-	count = (int) SPI_processed;
-	batch = MemoryContextAllocZero(caller, sizeof(OutboxMessage) * Max(count, 1));
+	if (count >= limit)
+		return count;
 
-	for (int i = 0; i < count; i++)
+	/*
+	 * Every claim statement of a batch sees the same snapshot, as one
+	 * statement would: with a snapshot each, a transaction committing
+	 * between them could show its later rows and hide its earlier ones.
+	 */
+	if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
+							 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: claim statement %d failed", (int) stmt);
+	desc = SPI_tuptable->tupdesc;
+	for (uint64 i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tuple = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		OutboxMessage *m = &batch[i];
-		MemoryContext spi = MemoryContextSwitchTo(caller);
+		OutboxMessage *m = &batch[count++];
+		MemoryContext spi = MemoryContextSwitchTo(context);
 		bool		isnull;
 		Datum		d;
 		bytea	   *payload;
@@ -270,6 +306,67 @@ store_claim_batch(OutboxMessage **messages, int limit)
 		MemoryContextSwitchTo(spi);
 	}
 	SPI_freetuptable(SPI_tuptable);
+	return count;
+}
+
+/*
+ * Claim up to limit messages in id order, locked until the transaction ends,
+ * leaving out the in_flight ones (in id order, as claimed).  The messages are
+ * allocated in the caller's memory context.
+ */
+int
+store_claim_batch(OutboxMessage **messages, int limit,
+				  const OutboxMessage *in_flight, int in_flight_count)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	OutboxMessage *batch = MemoryContextAllocZero(caller, sizeof(OutboxMessage) * Max(limit, 1));
+	int64		lowest,
+				highest,
+				others;
+	int			count = 0;
+
+	if (in_flight_count == 0)
+	{
+		count = claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN),
+						   batch, count, limit, caller);
+		*messages = batch;
+		return count;
+	}
+
+	/* the ids between the lowest and the highest in flight that are not */
+	lowest = in_flight[0].id;
+	highest = in_flight[in_flight_count - 1].id;
+	others = highest - lowest + 1 - in_flight_count;
+	if (others <= limit)
+	{
+		Datum	   *ids = palloc(sizeof(Datum) * Max(others, 1));
+		int			nids = 0;
+		int			next = 0;
+
+		for (int64 id = lowest; id <= highest; id++)
+		{
+			if (id == in_flight[next].id)
+				next++;
+			else
+				ids[nids++] = Int64GetDatum(id);
+		}
+		count = claim_more(STMT_CLAIM_BELOW, Int64GetDatum(lowest),
+						   batch, count, limit, caller);
+		if (nids > 0)
+			count = claim_more(STMT_CLAIM_AMONG, make_array(ids, nids, INT8OID),
+							   batch, count, limit, caller);
+		count = claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(highest),
+						   batch, count, limit, caller);
+	}
+	else
+	{
+		Datum	   *ids = palloc(sizeof(Datum) * in_flight_count);
+
+		for (int i = 0; i < in_flight_count; i++)
+			ids[i] = Int64GetDatum(in_flight[i].id);
+		count = claim_more(STMT_CLAIM_EXCEPT, make_array(ids, in_flight_count, INT8OID),
+						   batch, count, limit, caller);
+	}
 	*messages = batch;
 	return count;
 }
@@ -306,6 +403,31 @@ make_array(Datum *elements, int count, Oid type)
 
 	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
 	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
+}
+
+/*
+ * Delete the rows of ids (in ascending order), one dense run of ids at a
+ * time: a batch is mostly one run, but may hold a straggler far below, and
+ * one range scan over both would walk every row between.
+ */
+static void
+delete_by_runs(Datum *ids, int count)
+{
+	int			first = 0;
+
+	for (int i = 1; i <= count; i++)
+	{
+		Datum		args[3];
+
+		if (i < count &&
+			DatumGetInt64(ids[i]) - DatumGetInt64(ids[i - 1]) <= DELETE_RUN_GAP)
+			continue;
+		args[0] = make_array(&ids[first], i - first, INT8OID);
+		args[1] = ids[first];
+		args[2] = ids[i - 1];
+		run(STMT_DELETE_SENT, args, SPI_OK_DELETE);
+		first = i;
+	}
 }
 
 /*
@@ -368,11 +490,7 @@ store_record_outcomes(OutboxMessage *messages, int count)
 	}
 
 	if (nsent > 0 && outbox_sent_retention == 0)
-	{
-		Datum		args[1] = {make_array(sent_ids, nsent, INT8OID)};
-
-		run(STMT_DELETE_SENT, args, SPI_OK_DELETE);
-	}
+		delete_by_runs(sent_ids, nsent);
 	else if (nsent > 0)
 	{
 		Datum		args[3] = {make_array(sent_ids, nsent, INT8OID),

@@ -4,11 +4,15 @@
  *	  The outbox worker: a background worker that publishes the committed
  *	  messages of outbox.database to Kafka.
  *
- * Each turn of the loop claims a batch in a transaction, produces it,
- * waits for Kafka's delivery reports, records what became of every message
- * and commits.  A full batch is followed at once by the next; otherwise the
- * worker sleeps on its latch, which every transaction that enqueues sets at
- * commit, until then or until the next retry is due.
+ * Each turn of the loop claims a batch in a transaction, waits for Kafka's
+ * delivery reports on the batch produced by the turn before, records what
+ * became of every message of it, commits, and then produces the batch it
+ * claimed: Kafka acknowledges one batch while the worker claims the next.
+ * A partial batch, with nothing in flight, is produced and recorded in the
+ * transaction that claimed it.  While a batch is in flight the next turn
+ * follows at once; otherwise the worker sleeps on its latch, which every
+ * transaction that enqueues sets at commit, until then or until the next
+ * retry is due.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,9 +46,18 @@
 typedef enum TurnResult
 {
 	TURN_NO_EXTENSION,			/* CREATE EXTENSION outbox has not run here */
-	TURN_PARTIAL_BATCH,			/* the outbox is drained for now */
-	TURN_FULL_BATCH				/* there may be more: go again at once */
+	TURN_DRAINED,				/* nothing in flight, nothing more to claim */
+	TURN_GO_ON					/* a batch is in flight, or more waits: go again */
 } TurnResult;
+
+/* A claimed batch, from its claim until its outcome is recorded. */
+typedef struct Batch
+{
+	MemoryContext context;		/* holds the messages; reset once recorded */
+	Oid			extension;		/* the outbox extension whose rows they are */
+	OutboxMessage *messages;
+	int			count;
+} Batch;
 
 static void
 detach_from_slot(int code, Datum arg)
@@ -117,22 +130,18 @@ make_key_set(int size)
 }
 
 /*
- * Produce a claimed batch and wait for its delivery reports, keeping
- * per-key order: once a message of a key is not delivered, the later
- * messages of that key in the batch are not produced, or, if they were,
- * neither recorded as delivered ahead of it nor charged an attempt: they stay
- * as they were, and the claim holds them back until their turn.  Returns
- * false if the producer must be made anew.
+ * Hand a claimed batch to librdkafka, keeping per-key order: once a message
+ * of a key cannot be produced, the later messages of that key in the batch
+ * are not produced either.
  */
-static bool
-publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
+static void
+produce_batch(OutboxProducer *producer, Batch *batch)
 {
-	HTAB	   *held = make_key_set(count);
-	bool		healthy;
+	HTAB	   *held = make_key_set(batch->count);
 
-	for (int i = 0; i < count; i++)
+	for (int i = 0; i < batch->count; i++)
 	{
-		OutboxMessage *m = &messages[i];
+		OutboxMessage *m = &batch->messages[i];
 
 		if (lookup_held_key(held, m, HASH_FIND))
 			continue;			/* outcome stays DELIVERY_NOT_SENT */
@@ -140,45 +149,162 @@ publish_batch(OutboxProducer *producer, OutboxMessage *messages, int count)
 		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
 			(void) lookup_held_key(held, m, HASH_ENTER);
 	}
+	hash_destroy(held);
 
 	if (pg_atomic_exchange_u32(&outbox_shared->worker.simulate_fatal_error, 0))
 		producer_simulate_fatal_error(producer);
+}
+
+/*
+ * Kafka refuses a whole record batch when it is larger than the topic
+ * allows, so one message too large for its topic gets the messages sent with
+ * it refused too.  Produce each message refused for its size again, alone,
+ * in id order, so that the refusal, if it comes again, is its own.  One that
+ * is delivered now comes after any later message of its key delivered the
+ * first time: the caller holds its key, so that those are sent again after
+ * it.  Returns false if the producer must be made anew.
+ */
+static bool
+produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch)
+{
+	int			produced = 0;
+
+	for (int i = 0; i < batch->count; i++)
+		if (batch->messages[i].outcome != DELIVERY_NOT_SENT)
+			produced++;
+	if (produced < 2)
+		return true;			/* it was alone already */
+
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (!producer_refused_for_size(m))
+			continue;
+		m->produced_alone = true;
+		producer_produce(producer, m);
+		if (!producer_await_deliveries(producer))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Wait for the delivery reports of a produced batch, keeping per-key order:
+ * once a message of a key is not delivered, the later messages of that key
+ * are neither recorded as delivered ahead of it nor charged an attempt: they
+ * stay as they were, and the claim holds them back until their turn.
+ * Returns false if the producer must be made anew, which the caller must do
+ * before the batch's memory goes, since reports may still be owed.  Sets
+ * *all_settled if every message was delivered or dead-lettered, so that no
+ * key is held back.
+ */
+static bool
+settle_batch(OutboxProducer *producer, Batch *batch, bool *all_settled)
+{
+	HTAB	   *held;
+	bool		healthy;
 
 	healthy = producer_await_deliveries(producer);
+	if (healthy)
+		healthy = produce_alone_refused_for_size(producer, batch);
 
-	hash_destroy(held);
-	held = make_key_set(count);
-	for (int i = 0; i < count; i++)
+	held = make_key_set(batch->count);
+	*all_settled = true;
+	for (int i = 0; i < batch->count; i++)
 	{
-		OutboxMessage *m = &messages[i];
+		OutboxMessage *m = &batch->messages[i];
 
 		if (m->outcome == DELIVERY_PENDING)
 			m->outcome = DELIVERY_NOT_SENT;
 		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
 			lookup_held_key(held, m, HASH_FIND))
 			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
-		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
-			(void) lookup_held_key(held, m, HASH_ENTER);
+		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
+				 (m->outcome == DELIVERY_OK && m->produced_alone))
+			(void) lookup_held_key(held, m, HASH_ENTER);	/* see above */
+		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
+			*all_settled = false;
 	}
 	hash_destroy(held);
 	return healthy && !producer_failed_fatally(producer);
 }
 
+/* Can this producer take a new batch now? */
+static bool
+producer_ready(OutboxProducer *producer)
+{
+	return producer != NULL &&
+		!producer_settings_changed(producer) &&
+		!producer_failed_fatally(producer) &&
+		brokers_known_reachable();
+}
+
 /*
- * One turn: in one transaction, purge old sent rows, claim a batch, publish
- * it and record the outcome.  *producer is destroyed (and set to NULL) if
- * it must be made anew.  *next_retry_ms is set to the time until the next
- * retry is due, or -1.
+ * Produce the claimed batch, if there is one, if the batch before it went
+ * through whole, and if the producer can take it.  Returns whether it did.
+ */
+static bool
+start_publishing(OutboxProducer *producer, Batch *claimed, bool all_settled)
+{
+	if (claimed->count == 0 || !all_settled || !producer_ready(producer))
+		return false;
+	outbox_report_state(OUTBOX_WORKER_PUBLISHING);
+	produce_batch(producer, claimed);
+	return true;
+}
+
+/*
+ * Wait for Kafka's reports on a produced batch and record them.  Destroys
+ * *producer (and sets it to NULL) if it must be made anew.
+ */
+static void
+settle_and_record(OutboxProducer **producer, Batch *batch, Oid extension,
+				  bool *all_settled)
+{
+	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
+	if (!settle_batch(*producer, batch, all_settled))
+	{
+		producer_destroy(*producer);
+		*producer = NULL;
+	}
+	/* after DROP EXTENSION, the ids may now be another table's */
+	if (batch->extension == extension)
+		store_record_outcomes(batch->messages, batch->count);
+}
+
+/*
+ * One turn of the pipeline.  In one transaction: purge old sent rows, claim
+ * the next batch (unless the worker is stopping), then wait for Kafka's
+ * reports on the batch in flight, which it has been working on meanwhile,
+ * and record them.  After the commit, produce the claimed batch: it is in
+ * flight until the next turn.  So the claim and Kafka work at the same time,
+ * and still at most one batch is acknowledged and not yet recorded, the most
+ * a crash can publish twice.  With nothing in flight, the claimed batch is
+ * produced at once instead (see below).
+ *
+ * The claimed batch is produced only if the one in flight went through
+ * whole: a message to retry holds back the later messages of its key, which
+ * the claim knows only once the retry is recorded; and a failing Kafka is
+ * better not given more.  Otherwise its rows stay as they were, to be
+ * claimed again.
+ *
+ * *producer is destroyed (and set to NULL) if it must be made anew.
+ * *next_retry_ms is set to the time until the next retry is due, or -1.
  */
 static TurnResult
-publish_one_batch(OutboxProducer **producer, MemoryContext batch_context,
-				  long *next_retry_ms)
+publish_turn(OutboxProducer **producer, Batch **in_flight, Batch *claimed,
+			 bool claim, long *next_retry_ms)
 {
-	TurnResult	result = TURN_PARTIAL_BATCH;
-	OutboxMessage *messages;
-	int			count;
+	Batch	   *settled = *in_flight;
+	bool		all_settled = true;
+	bool		claimed_done = false;
+	bool		claimed_waits = false;
+	Oid			extension;
+	TurnResult	result;
 
 	*next_retry_ms = -1;
+	claimed->count = 0;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -187,44 +313,73 @@ publish_one_batch(OutboxProducer **producer, MemoryContext batch_context,
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "outbox: claiming a batch");
 
-	if (!store_find_extension())
-		result = TURN_NO_EXTENSION;
-	else
+	extension = store_find_extension();
+	if (OidIsValid(extension) && claim)
 	{
 		MemoryContext caller;
 
 		if (outbox_sent_retention > 0)
 			store_purge_sent();
 
-		caller = MemoryContextSwitchTo(batch_context);
-		count = store_claim_batch(&messages, outbox_batch_size);
-		if (count > 0)
-		{
-			outbox_report_state(OUTBOX_WORKER_PUBLISHING);
-			pgstat_report_activity(STATE_RUNNING, "outbox: publishing a batch");
-			if (!publish_batch(*producer, messages, count))
-			{
-				/* before the batch's memory goes: reports may still be owed */
-				producer_destroy(*producer);
-				*producer = NULL;
-			}
-			store_record_outcomes(messages, count);
-		}
+		caller = MemoryContextSwitchTo(claimed->context);
+		claimed->extension = extension;
+		claimed->count = store_claim_batch(&claimed->messages, outbox_batch_size,
+										   settled ? settled->messages : NULL,
+										   settled ? settled->count : 0);
 		MemoryContextSwitchTo(caller);
-
-		if (count == outbox_batch_size)
-			result = TURN_FULL_BATCH;
-		else
-			*next_retry_ms = store_ms_until_next_retry();
 	}
+
+	if (settled)
+		settle_and_record(producer, settled, extension, &all_settled);
+	else if (start_publishing(*producer, claimed, true))
+	{
+		/*
+		 * With nothing in flight, the claimed batch goes before the commit,
+		 * which then overlaps with Kafka's work.  A full batch stays in
+		 * flight while the next turn claims the next one.  A partial one is
+		 * the last for now: it is settled in this transaction, which spares
+		 * a second transaction per wake when messages come a few at a time.
+		 */
+		if (claimed->count == outbox_batch_size)
+			*in_flight = claimed;
+		else
+		{
+			settle_and_record(producer, claimed, extension, &all_settled);
+			claimed_done = true;
+		}
+	}
+
+	if (OidIsValid(extension) && (claimed->count == 0 || claimed_done))
+		*next_retry_ms = store_ms_until_next_retry();
 
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+
+	if (settled)
+	{
+		MemoryContextReset(settled->context);
+		*in_flight = NULL;
+		if (start_publishing(*producer, claimed, all_settled))
+			*in_flight = claimed;
+	}
+	if (*in_flight != claimed)
+	{
+		/* claimed and not produced: its rows wait for the next turn */
+		claimed_waits = claimed->count > 0 && !claimed_done;
+		MemoryContextReset(claimed->context);
+	}
+
+	if (!OidIsValid(extension))
+		result = TURN_NO_EXTENSION;
+	else if (*in_flight || claimed_waits)
+		result = TURN_GO_ON;
+	else
+		result = TURN_DRAINED;
+
 	/* Without the extension there is no outbox_worker view to say so. */
 	pgstat_report_activity(STATE_IDLE,
 						   result == TURN_NO_EXTENSION ? "outbox: waiting for CREATE EXTENSION outbox" : NULL);
-	MemoryContextReset(batch_context);
 	return result;
 }
 
@@ -304,7 +459,9 @@ void
 outbox_worker_main(Datum main_arg)
 {
 	OutboxProducer *producer = NULL;
-	MemoryContext batch_context;
+	Batch		batches[2];
+	Batch	   *in_flight = NULL;
+	long		next_retry_ms;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -313,13 +470,15 @@ outbox_worker_main(Datum main_arg)
 	attach_to_slot();
 	connect_to_database();
 
-	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
-										  ALLOCSET_DEFAULT_SIZES);
+	/* one batch in flight, one being claimed */
+	batches[0].context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
+											   ALLOCSET_DEFAULT_SIZES);
+	batches[1].context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
+											   ALLOCSET_DEFAULT_SIZES);
 
 	while (!ShutdownRequestPending)
 	{
 		long		timeout_ms = outbox_poll_interval;
-		long		next_retry_ms;
 
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
@@ -330,50 +489,56 @@ outbox_worker_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 
-		if (producer && (producer_settings_changed(producer) ||
-						 producer_failed_fatally(producer)))
+		/* The producer of a batch in flight stays until its reports are in. */
+		if (in_flight == NULL)
 		{
-			producer_destroy(producer);
-			producer = NULL;
-		}
-		if (producer == NULL)
-		{
-			char		reason[512];
-
-			outbox_report_brokers_reachable(false);
-			producer = producer_create(reason, sizeof(reason));
+			if (producer && (producer_settings_changed(producer) ||
+							 producer_failed_fatally(producer)))
+			{
+				producer_destroy(producer);
+				producer = NULL;
+			}
 			if (producer == NULL)
 			{
-				outbox_report_state(OUTBOX_WORKER_WAITING_FOR_BROKERS);
-				outbox_report_error("cannot create the Kafka producer: %s", reason);
-				wait_for_wake(outbox_poll_interval);
-				continue;
+				char		reason[512];
+
+				outbox_report_brokers_reachable(false);
+				producer = producer_create(reason, sizeof(reason));
+				if (producer == NULL)
+				{
+					outbox_report_state(OUTBOX_WORKER_WAITING_FOR_BROKERS);
+					outbox_report_error("cannot create the Kafka producer: %s", reason);
+					wait_for_wake(outbox_poll_interval);
+					continue;
+				}
 			}
-		}
 
-		/* Claim nothing while Kafka cannot take it: no attempt is spent. */
-		producer_serve_events(producer);
-		if (!brokers_known_reachable())
-		{
-			bool		reachable = producer_brokers_reachable(producer, BROKER_PROBE_TIMEOUT_MS);
-
-			outbox_report_brokers_reachable(reachable);
-			if (!reachable)
+			/* Claim nothing while Kafka cannot take it: no attempt is spent. */
+			producer_serve_events(producer);
+			if (!brokers_known_reachable())
 			{
-				outbox_report_state(OUTBOX_WORKER_WAITING_FOR_BROKERS);
-				wait_for_wake(BROKER_PROBE_INTERVAL_MS);
-				continue;
+				bool		reachable = producer_brokers_reachable(producer, BROKER_PROBE_TIMEOUT_MS);
+
+				outbox_report_brokers_reachable(reachable);
+				if (!reachable)
+				{
+					outbox_report_state(OUTBOX_WORKER_WAITING_FOR_BROKERS);
+					wait_for_wake(BROKER_PROBE_INTERVAL_MS);
+					continue;
+				}
 			}
 		}
 
-		switch (publish_one_batch(&producer, batch_context, &next_retry_ms))
+		switch (publish_turn(&producer, &in_flight,
+							 in_flight == &batches[0] ? &batches[1] : &batches[0],
+							 true, &next_retry_ms))
 		{
 			case TURN_NO_EXTENSION:
 				outbox_report_state(OUTBOX_WORKER_WAITING_FOR_EXTENSION);
 				break;
-			case TURN_FULL_BATCH:
+			case TURN_GO_ON:
 				continue;
-			case TURN_PARTIAL_BATCH:
+			case TURN_DRAINED:
 				outbox_report_state(OUTBOX_WORKER_IDLE);
 				if (next_retry_ms >= 0)
 					timeout_ms = Min(timeout_ms, next_retry_ms);
@@ -382,6 +547,11 @@ outbox_worker_main(Datum main_arg)
 		wait_for_wake(timeout_ms);
 	}
 
+	/* Record what Kafka says about the batch in flight, claiming no more. */
+	if (in_flight)
+		(void) publish_turn(&producer, &in_flight,
+							in_flight == &batches[0] ? &batches[1] : &batches[0],
+							false, &next_retry_ms);
 	producer_destroy(producer);
 	proc_exit(0);
 }

@@ -1,6 +1,6 @@
 # Fault suite: the broker dies (SIGKILL) under a steady load of 8 sessions and
 # comes back after 10 s, then again after 2 minutes, longer than the
-# producer's message timeout (30 s): nothing lost, nothing phantom, per-key
+# producer's message timeout (60 s): nothing lost, nothing phantom, per-key
 # order kept.
 use strict;
 use warnings;
