@@ -217,12 +217,17 @@ settle_batch(OutboxProducer *producer, Batch *batch, bool *all_settled)
 
 		if (m->outcome == DELIVERY_PENDING)
 			m->outcome = DELIVERY_NOT_SENT;
+
+		/*
+		 * A message not delivered holds its key; so does one produced alone,
+		 * which Kafka got after the later messages of its key.
+		 */
 		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
 			lookup_held_key(held, m, HASH_FIND))
 			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
 		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
 				 (m->outcome == DELIVERY_OK && m->produced_alone))
-			(void) lookup_held_key(held, m, HASH_ENTER);	/* see above */
+			(void) lookup_held_key(held, m, HASH_ENTER);
 		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
 			*all_settled = false;
 	}
