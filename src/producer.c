@@ -386,17 +386,17 @@ producer_produce(OutboxProducer *producer, OutboxMessage *message)
 	}
 }
 
+#define SHUTDOWN_GRACE_MS 2000
+
 /*
  * Serve delivery reports until every produced message has one.  librdkafka
  * reports each message within message.timeout.ms; past that, or
  * SHUTDOWN_GRACE_MS into a shutdown, or after a fatal error, the rest is
- * withdrawn (reported as not sent, so
- * its rows stay to be claimed again).  Returns false if anything was
- * withdrawn: the producer must then be destroyed, before the messages'
- * memory is freed, since a report may still be owed for them.
+ * withdrawn (reported as not sent, so its rows stay to be claimed again).
+ * Returns false if anything was withdrawn: the producer must then be
+ * destroyed, before the messages' memory is freed, since a report may still
+ * be owed for them.
  */
-#define SHUTDOWN_GRACE_MS 2000
-
 bool
 producer_await_deliveries(OutboxProducer *producer)
 {

@@ -256,7 +256,16 @@ run(StoreStatement stmt, Datum *args, int expected)
 	return rc;
 }
 
-static Datum make_array(Datum *elements, int count, Oid type);
+static Datum
+make_array(Datum *elements, int count, Oid type)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
+}
 
 /*
  * Run one claim statement for up to limit - count more messages, and append
@@ -290,6 +299,8 @@ claim_more(StoreStatement stmt, Datum ids, OutboxMessage *batch, int count,
 		Datum		d;
 		bytea	   *payload;
 
+		MemSet(m, 0, sizeof(OutboxMessage));
+
 		m->id = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
 		m->message_id = TextDatumGetCString(SPI_getbinval(tuple, desc, 2, &isnull));
 		m->topic = TextDatumGetCString(SPI_getbinval(tuple, desc, 3, &isnull));
@@ -319,7 +330,7 @@ store_claim_batch(OutboxMessage **messages, int limit,
 				  const OutboxMessage *in_flight, int in_flight_count)
 {
 	MemoryContext caller = CurrentMemoryContext;
-	OutboxMessage *batch = MemoryContextAllocZero(caller, sizeof(OutboxMessage) * Max(limit, 1));
+	OutboxMessage *batch = MemoryContextAlloc(caller, sizeof(OutboxMessage) * Max(limit, 1));
 	int64		lowest,
 				highest,
 				others;
@@ -392,17 +403,6 @@ describe_failure(OutboxMessage *m)
 {
 	return psprintf("%s%s", producer_error_text(m->error_code),
 					m->possibly_persisted ? " (possibly persisted)" : "");
-}
-
-static Datum
-make_array(Datum *elements, int count, Oid type)
-{
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-
-	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
-	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
 }
 
 /*

@@ -162,10 +162,13 @@ produce_batch(OutboxProducer *producer, Batch *batch)
  * in id order, so that the refusal, if it comes again, is its own.  One that
  * is delivered now comes after any later message of its key delivered the
  * first time: the caller holds its key, so that those are sent again after
- * it.  Returns false if the producer must be made anew.
+ * it.  One whose turn does not come, because the producer failed, is left as
+ * not sent.  healthy says whether the producer still works; returns whether
+ * it still does.
  */
 static bool
-produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch)
+produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch,
+							   bool healthy)
 {
 	int			produced = 0;
 
@@ -173,7 +176,7 @@ produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch)
 		if (batch->messages[i].outcome != DELIVERY_NOT_SENT)
 			produced++;
 	if (produced < 2)
-		return true;			/* it was alone already */
+		return healthy;			/* it was alone already */
 
 	for (int i = 0; i < batch->count; i++)
 	{
@@ -181,12 +184,16 @@ produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch)
 
 		if (!producer_refused_for_size(m))
 			continue;
+		if (!healthy)
+		{
+			m->outcome = DELIVERY_NOT_SENT;
+			continue;
+		}
 		m->produced_alone = true;
 		producer_produce(producer, m);
-		if (!producer_await_deliveries(producer))
-			return false;
+		healthy = producer_await_deliveries(producer);
 	}
-	return true;
+	return healthy;
 }
 
 /*
@@ -206,8 +213,7 @@ settle_batch(OutboxProducer *producer, Batch *batch, bool *all_settled)
 	bool		healthy;
 
 	healthy = producer_await_deliveries(producer);
-	if (healthy)
-		healthy = produce_alone_refused_for_size(producer, batch);
+	healthy = produce_alone_refused_for_size(producer, batch, healthy);
 
 	held = make_key_set(batch->count);
 	*all_settled = true;
