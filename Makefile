@@ -7,10 +7,13 @@ MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/enqueue.o \
-	src/worker.o \
+	src/publisher.o \
+	src/pipeline.o \
 	src/producer.o \
 	src/store.o \
-	src/status.o
+	src/status.o \
+	src/settings.o \
+	src/worker_slot.o
 
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers

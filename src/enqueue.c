@@ -24,13 +24,15 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "storage/latch.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 
-#include "outbox.h"
+#include "enqueue.h"
+#include "message.h"
+#include "settings.h"
+#include "worker_slot.h"
 
 /*
  * The advisory lock that orders concurrent enqueues of one (topic, key) is
@@ -69,7 +71,7 @@ PG_FUNCTION_INFO_V1(outbox_message_check);
 
 /*
  * Refuse a topic Kafka would refuse: Kafka allows only ASCII letters,
- * digits, '.', '_' and '-', at most 249 characters, and not "." or "..".
+ * digits, '.', '_' and '-', at most KAFKA_MAX_TOPIC_LENGTH characters, and not "." or "..".
  */
 static void
 check_topic(text *topic)
@@ -91,10 +93,11 @@ check_topic(text *topic)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox topic must not be empty"),
 				 errhint("Name the Kafka topic the message goes to.")));
-	if (len > 249)
+	if (len > KAFKA_MAX_TOPIC_LENGTH)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox topic is %d characters long, Kafka allows at most 249", len),
+				 errmsg("outbox topic is %d characters long, Kafka allows at most %d",
+						len, KAFKA_MAX_TOPIC_LENGTH),
 				 errhint("Use a shorter topic name.")));
 	if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
 		ereport(ERROR,
@@ -157,17 +160,18 @@ check_record_size(Size payload_len, text *key, Size headers_size)
 	Size		all_headers;
 	Size		size;
 
-	/* the worker adds outbox-message-id: a UUID in its 36-character form */
-	all_headers = headers_size + kafka_header_size(strlen("outbox-message-id"), 36);
+	/* the worker adds the message id header */
+	all_headers = headers_size + kafka_header_size(strlen(MESSAGE_ID_HEADER), UUID_TEXT_LENGTH);
 	size = KAFKA_RECORD_MAX_FRAMING + payload_len + key_len + all_headers;
 
-	if (size > (Size) outbox_max_payload_size)
+	if (size > (Size) outbox_max_record_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("outbox message would be a Kafka record of %zu bytes, more than outbox.max_payload_size (%d bytes)",
-						size, outbox_max_payload_size),
-				 errdetail("Payload %zu bytes, key %zu bytes, headers %zu bytes (outbox-message-id included), framing %d bytes.",
-						   payload_len, key_len, all_headers, KAFKA_RECORD_MAX_FRAMING),
+						size, outbox_max_record_size),
+				 errdetail("Payload %zu bytes, key %zu bytes, headers %zu bytes (%s included), framing %d bytes.",
+						   payload_len, key_len, all_headers, MESSAGE_ID_HEADER,
+						   KAFKA_RECORD_MAX_FRAMING),
 				 errhint("Kafka refuses larger records unless the producer's message.max.bytes and the topic's max.message.bytes allow them; "
 						 "store large content elsewhere and enqueue a reference to it.")));
 }
@@ -229,7 +233,7 @@ check_headers(Jsonb *headers)
 static bool
 lock_message_key(text *topic, text *key)
 {
-	uint64		h = outbox_key_hash(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
+	uint64		h = message_key_hash(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
 									VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	LOCKTAG		tag;
 
@@ -367,44 +371,20 @@ renumber_row(Relation rel, HeapTuple tuple, int id_attnum)
 }
 
 /*
- * BEFORE INSERT row trigger on outbox_message: the same checks as
- * outbox_enqueue(), the per-key lock, and the wake at commit.
+ * The checks of outbox_enqueue() on a row inserted directly; returns its
+ * topic and key.
  */
-Datum
-outbox_message_check(PG_FUNCTION_ARGS)
+static void
+check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	Relation	rel;
-	TupleDesc	desc;
-	HeapTuple	tuple;
 	bool		isnull;
 	Datum		value;
-	text	   *topic;
-	text	   *key;
 	Size		payload_len;
 	Size		headers_size;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
-
-	rel = trigdata->tg_relation;
-	desc = RelationGetDescr(rel);
-	tuple = trigdata->tg_trigtuple;
-	wake_worker_at_commit = true;
-
-	/* its id was drawn after outbox_enqueue() locked its key */
-	if (inserting_checked_row)
-	{
-		inserting_checked_row = false;
-		return PointerGetDatum(tuple);
-	}
-
 	value = heap_getattr(tuple, SPI_fnumber(desc, "topic"), desc, &isnull);
-	topic = isnull ? NULL : DatumGetTextPP(value);
-	check_topic(topic);
+	*topic = isnull ? NULL : DatumGetTextPP(value);
+	check_topic(*topic);
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "payload"), desc, &isnull);
 	if (isnull)
@@ -418,9 +398,9 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	headers_size = check_headers(isnull ? NULL : DatumGetJsonbP(value));
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "key"), desc, &isnull);
-	key = isnull ? NULL : DatumGetTextPP(value);
+	*key = isnull ? NULL : DatumGetTextPP(value);
 
-	check_record_size(payload_len, key, headers_size);
+	check_record_size(payload_len, *key, headers_size);
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "state"), desc, &isnull);
 	if (!isnull && strcmp(TextDatumGetCString(value), "pending") != 0)
@@ -428,6 +408,39 @@ outbox_message_check(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a new outbox message must be in state \"pending\""),
 				 errhint("Leave the state column out of the INSERT.")));
+}
+
+/*
+ * BEFORE INSERT row trigger on outbox_message: the same checks as
+ * outbox_enqueue(), the per-key lock, and the wake at commit.
+ */
+Datum
+outbox_message_check(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	HeapTuple	tuple;
+	text	   *topic;
+	text	   *key;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
+
+	rel = trigdata->tg_relation;
+	tuple = trigdata->tg_trigtuple;
+	wake_worker_at_commit = true;
+
+	/* its id was drawn after outbox_enqueue() locked its key */
+	if (inserting_checked_row)
+	{
+		inserting_checked_row = false;
+		return PointerGetDatum(tuple);
+	}
+
+	check_inserted_row(tuple, RelationGetDescr(rel), &topic, &key);
 
 	/*
 	 * The row's id was drawn before this trigger ran.  If the key's lock is
@@ -435,20 +448,18 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * for the same key and committed meanwhile, so draw the id again.
 	 */
 	if (key && lock_message_key(topic, key))
-		tuple = renumber_row(rel, tuple, SPI_fnumber(desc, "id"));
+		tuple = renumber_row(rel, tuple, SPI_fnumber(RelationGetDescr(rel), "id"));
 
 	return PointerGetDatum(tuple);
 }
 
 /*
- * At commit of a transaction that wrote outbox rows, set the worker's latch,
- * once however many rows it wrote.  An abort forgets the wake.
+ * At commit of a transaction that wrote outbox rows, wake the publisher of
+ * this database, once however many rows it wrote.  An abort forgets the wake.
  */
 static void
 wake_worker_at_transaction_end(XactEvent event, void *arg)
 {
-	Latch	   *latch;
-
 	if (!wake_worker_at_commit)
 		return;
 
@@ -456,11 +467,7 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			SpinLockAcquire(&outbox_shared->worker.mutex);
-			latch = outbox_shared->worker.latch;
-			SpinLockRelease(&outbox_shared->worker.mutex);
-			if (latch)
-				SetLatch(latch);
+			worker_wake_publisher(MyDatabaseId);
 			wake_worker_at_commit = false;
 			break;
 		case XACT_EVENT_ABORT:
@@ -473,8 +480,9 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 	}
 }
 
+/* Register the commit-time wake; in _PG_init. */
 void
-outbox_register_commit_wake(void)
+enqueue_init(void)
 {
 	RegisterXactCallback(wake_worker_at_transaction_end, NULL);
 }

@@ -8,8 +8,9 @@
  * threads start with every signal blocked, so PostgreSQL's signals reach the
  * worker's own thread only; and its logs, errors and delivery reports are
  * all queued and served on the worker's thread by rd_kafka_poll(), which is
- * the only place the callbacks below run.  They touch no PostgreSQL memory
- * allocator and raise no ERROR.
+ * the only place the callbacks below run.  So, on the worker's thread,
+ * they may ereport below ERROR and report to the worker's slot; they never
+ * raise an ERROR, which would unwind through librdkafka's frames.
  *
  *-------------------------------------------------------------------------
  */
@@ -21,9 +22,35 @@
 
 #include "miscadmin.h"
 #include "postmaster/interrupt.h"
+#include "utils/memutils.h"
 
-#include "outbox.h"
 #include "producer.h"
+#include "settings.h"
+#include "worker_slot.h"
+
+/*
+ * How long one rd_kafka_flush() in the wait for delivery reports may block:
+ * short, so that a shutdown or a fatal error is seen at once.
+ */
+#define FLUSH_WAIT_MS 50
+
+/* How long to serve reports when librdkafka's queue is full, before trying again. */
+#define QUEUE_FULL_WAIT_MS 100
+
+/*
+ * librdkafka reports every message within message.timeout.ms; past that and
+ * this slack, the worker withdraws what is left.
+ */
+#define REPORT_DEADLINE_SLACK_MS 5000
+
+/* How long a batch Kafka has in hand may still be acknowledged at shutdown. */
+#define SHUTDOWN_GRACE_MS 2000
+
+/*
+ * How long to wait for the reports of withdrawn messages, which a broker
+ * that never answers a request may never send.
+ */
+#define WITHDRAWN_REPORT_WAIT_MS 10000
 
 struct OutboxProducer
 {
@@ -78,38 +105,26 @@ set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 	return true;
 }
 
-/* Apply outbox.kafka_properties: "name=value; name=value". */
+/*
+ * Apply outbox.kafka_properties, split as its check split it when it was
+ * set, so that the pairs are the ones the check accepted.
+ */
 static bool
-set_user_properties(rd_kafka_conf_t *conf, const char *properties,
-					char *errbuf, size_t errlen)
+set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 {
-	char	   *copy = pstrdup(properties);
-	char	   *saveptr = NULL;
-	bool		ok = true;
+	List	   *properties;
+	ListCell   *lc;
 
-	for (char *item = strtok_r(copy, ";", &saveptr); item && ok;
-		 item = strtok_r(NULL, ";", &saveptr))
+	if (!kafka_properties_split(outbox_kafka_properties, &properties))
+		elog(ERROR, "outbox: outbox.kafka_properties passed its check but cannot be split");
+	foreach(lc, properties)
 	{
-		char	   *eq = strchr(item, '=');
-		char	   *name = item;
-		char	   *value;
+		KafkaProperty *property = lfirst(lc);
 
-		if (eq == NULL)
-			continue;			/* blank item; the GUC check refused others */
-		*eq = '\0';
-		value = eq + 1;
-		while (isspace((unsigned char) *name))
-			name++;
-		while (*name && isspace((unsigned char) name[strlen(name) - 1]))
-			name[strlen(name) - 1] = '\0';
-		while (isspace((unsigned char) *value))
-			value++;
-		while (*value && isspace((unsigned char) value[strlen(value) - 1]))
-			value[strlen(value) - 1] = '\0';
-		ok = set_property(conf, name, value, errbuf, errlen);
+		if (!set_property(conf, property->name, property->value, errbuf, errlen))
+			return false;
 	}
-	pfree(copy);
-	return ok;
+	return true;
 }
 
 /* Called from rd_kafka_poll(), on the worker's thread. */
@@ -134,18 +149,17 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 
 		rd_kafka_fatal_error(rk, fatal_reason, sizeof(fatal_reason));
 		producer->fatal = true;
-		outbox_report_error("fatal producer error, rebuilding the producer: %s", fatal_reason);
-		ereport(LOG,
-				(errmsg("outbox: fatal Kafka producer error, rebuilding the producer: %s",
-						fatal_reason)));
+		worker_report_error(LOG, "fatal producer error, rebuilding the producer: %s",
+							fatal_reason);
 		return;
 	}
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
 		err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
 		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
 		err == RD_KAFKA_RESP_ERR__RESOLVE)
-		outbox_report_brokers_reachable(false);
-	outbox_report_error("%s", reason);
+		worker_report_brokers_reachable(false);
+	/* librdkafka's log, served by log_callback, says it already */
+	worker_report_error(DEBUG1, "%s", reason);
 }
 
 /*
@@ -188,10 +202,36 @@ delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *rkmessage, void *opa
 	producer->outstanding--;
 	message->outcome = classify_error(rkmessage->err);
 	message->error_code = rkmessage->err;
+	message->error = rd_kafka_err2str(rkmessage->err);
 	message->partition = rkmessage->partition;
 	message->offset = rkmessage->offset;
 	message->possibly_persisted =
 		rd_kafka_message_status(rkmessage) != RD_KAFKA_MSG_STATUS_NOT_PERSISTED;
+}
+
+/*
+ * librdkafka's configuration: the defaults, then outbox.kafka_properties,
+ * then the brokers and the enforced properties.  NULL, with the reason in
+ * errbuf, if librdkafka refuses one.
+ */
+static rd_kafka_conf_t *
+make_conf(char *errbuf, size_t errlen)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	bool		ok = true;
+
+	for (int i = 0; ok && i < (int) lengthof(default_properties); i++)
+		ok = set_property(conf, default_properties[i][0], default_properties[i][1],
+						  errbuf, errlen);
+	ok = ok && set_user_properties(conf, errbuf, errlen);
+	ok = ok && set_property(conf, "bootstrap.servers", outbox_brokers, errbuf, errlen);
+	for (int i = 0; ok && i < (int) lengthof(enforced_properties); i++)
+		ok = set_property(conf, enforced_properties[i][0], enforced_properties[i][1],
+						  errbuf, errlen);
+	if (ok)
+		return conf;
+	rd_kafka_conf_destroy(conf);
+	return NULL;
 }
 
 /*
@@ -201,27 +241,20 @@ delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *rkmessage, void *opa
 OutboxProducer *
 producer_create(char *errbuf, size_t errlen)
 {
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_conf_t *conf = make_conf(errbuf, errlen);
 	OutboxProducer *producer;
 	sigset_t	all_signals;
 	sigset_t	saved_signals;
 	char		value[64];
 	size_t		value_len = sizeof(value);
 
-	for (int i = 0; i < (int) lengthof(default_properties); i++)
-		if (!set_property(conf, default_properties[i][0], default_properties[i][1], errbuf, errlen))
-			goto fail;
-	if (!set_user_properties(conf, outbox_kafka_properties, errbuf, errlen))
-		goto fail;
-	if (!set_property(conf, "bootstrap.servers", outbox_brokers, errbuf, errlen))
-		goto fail;
-	for (int i = 0; i < (int) lengthof(enforced_properties); i++)
-		if (!set_property(conf, enforced_properties[i][0], enforced_properties[i][1], errbuf, errlen))
-			goto fail;
+	if (conf == NULL)
+		return NULL;
 
-	producer = palloc0(sizeof(OutboxProducer));
-	producer->brokers = pstrdup(outbox_brokers);
-	producer->kafka_properties = pstrdup(outbox_kafka_properties);
+	/* it lives from turn to turn, until the worker destroys it */
+	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(OutboxProducer));
+	producer->brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
+	producer->kafka_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
 	if (rd_kafka_conf_get(conf, "message.timeout.ms", value, &value_len) == RD_KAFKA_CONF_OK)
 		producer->message_timeout_ms = atoi(value);
 
@@ -249,10 +282,6 @@ producer_create(char *errbuf, size_t errlen)
 	/* Serve librdkafka's log lines from the main queue, on this thread. */
 	rd_kafka_set_log_queue(producer->rk, NULL);
 	return producer;
-
-fail:
-	rd_kafka_conf_destroy(conf);
-	return NULL;
 }
 
 void
@@ -337,7 +366,7 @@ make_headers(OutboxMessage *message)
 									v.type == jbvString ? v.val.string.len : 0);
 		}
 	}
-	rd_kafka_header_add(headers, "outbox-message-id", -1, message->message_id, -1);
+	rd_kafka_header_add(headers, MESSAGE_ID_HEADER, -1, message->message_id, -1);
 	return headers;
 }
 
@@ -366,7 +395,7 @@ producer_produce(OutboxProducer *producer, OutboxMessage *message)
 		if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
 			break;
 		/* librdkafka's queue is full: serve reports to make room */
-		rd_kafka_poll(producer->rk, 100);
+		rd_kafka_poll(producer->rk, QUEUE_FULL_WAIT_MS);
 	}
 
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -380,19 +409,19 @@ producer_produce(OutboxProducer *producer, OutboxMessage *message)
 		rd_kafka_headers_destroy(headers);
 		message->outcome = classify_error(err);
 		message->error_code = err;
+		message->error = rd_kafka_err2str(err);
 		message->possibly_persisted = false;
 		if (err == RD_KAFKA_RESP_ERR__FATAL)
 			producer->fatal = true;
 	}
 }
 
-#define SHUTDOWN_GRACE_MS 2000
-
 /*
  * Serve delivery reports until every produced message has one.  librdkafka
- * reports each message within message.timeout.ms; past that, or
- * SHUTDOWN_GRACE_MS into a shutdown, or after a fatal error, the rest is
- * withdrawn (reported as not sent, so its rows stay to be claimed again).
+ * reports each message within message.timeout.ms; past that (and
+ * REPORT_DEADLINE_SLACK_MS), or SHUTDOWN_GRACE_MS into a shutdown, or after
+ * a fatal error, the rest is withdrawn (reported as not sent, so its rows
+ * stay to be claimed again).
  * Returns false if anything was withdrawn: the producer must then be
  * destroyed, before the messages' memory is freed, since a report may still
  * be owed for them.
@@ -401,7 +430,8 @@ bool
 producer_await_deliveries(OutboxProducer *producer)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   producer->message_timeout_ms + 5000);
+													   producer->message_timeout_ms +
+													   REPORT_DEADLINE_SLACK_MS);
 	TimestampTz withdrawn_at = 0;
 
 	while (producer->outstanding > 0)
@@ -409,7 +439,7 @@ producer_await_deliveries(OutboxProducer *producer)
 		TimestampTz now;
 
 		/* flush, unlike poll, sends at once what linger.ms would hold back */
-		rd_kafka_flush(producer->rk, 50);
+		rd_kafka_flush(producer->rk, FLUSH_WAIT_MS);
 		now = GetCurrentTimestamp();
 
 		/* at shutdown, a batch Kafka has in hand gets a moment to be acknowledged */
@@ -422,7 +452,7 @@ producer_await_deliveries(OutboxProducer *producer)
 			withdrawn_at = now;
 		}
 		else if (withdrawn_at != 0 &&
-				 TimestampDifferenceExceeds(withdrawn_at, now, 10000))
+				 TimestampDifferenceExceeds(withdrawn_at, now, WITHDRAWN_REPORT_WAIT_MS))
 			break;				/* a request the broker never answers */
 	}
 	return withdrawn_at == 0;
@@ -447,10 +477,4 @@ producer_simulate_fatal_error(OutboxProducer *producer)
 {
 	rd_kafka_test_fatal_error(producer->rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
 							  "simulated by outbox_simulate_fatal_error()");
-}
-
-const char *
-producer_error_text(int error_code)
-{
-	return rd_kafka_err2str((rd_kafka_resp_err_t) error_code);
 }

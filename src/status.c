@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  The worker's slot in shared memory: what the worker tells about itself,
- *	  the function behind the outbox_worker view that reads it, and the
- *	  fault drill that asks the worker for a fatal producer error.
+ *	  The SQL functions over the workers' shared state: the one behind the
+ *	  outbox_worker view, and the fault drill that asks the publishers for a
+ *	  fatal producer error.
  *
  *-------------------------------------------------------------------------
  */
@@ -11,121 +11,90 @@
 
 #include "fmgr.h"
 #include "funcapi.h"
-#include "miscadmin.h"
 #include "utils/builtins.h"
 
-#include "outbox.h"
+#include "settings.h"
+#include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_simulate_fatal_error);
 
-static const char *const state_names[] = {
-	[OUTBOX_WORKER_STOPPED] = "stopped",
-	[OUTBOX_WORKER_STARTING] = "starting",
-	[OUTBOX_WORKER_WAITING_FOR_DATABASE] = "waiting for database",
-	[OUTBOX_WORKER_WAITING_FOR_EXTENSION] = "waiting for extension",
-	[OUTBOX_WORKER_WAITING_FOR_BROKERS] = "waiting for brokers",
-	[OUTBOX_WORKER_IDLE] = "idle",
-	[OUTBOX_WORKER_PUBLISHING] = "publishing",
-};
-
-void
-outbox_report_state(OutboxWorkerState state)
+/* The columns of outbox_worker_status(), as the install script declares them. */
+typedef enum WorkerStatusColumn
 {
-	OutboxWorkerSlot *slot = &outbox_shared->worker;
+	COL_WORKER_ID,
+	COL_DATABASE,
+	COL_PID,
+	COL_STATE,
+	COL_BROKERS,
+	COL_BROKERS_REACHABLE,
+	COL_STARTED_AT,
+	COL_PUBLISHED,
+	COL_FAILED,
+	COL_DEAD_LETTERED,
+	COL_LAST_PUBLISH_AT,
+	COL_LAST_ERROR,
+	COL_LAST_ERROR_AT,
+	NUM_WORKER_STATUS_COLUMNS
+} WorkerStatusColumn;
 
-	SpinLockAcquire(&slot->mutex);
-	slot->state = state;
-	SpinLockRelease(&slot->mutex);
+/* One outbox_worker row from a publisher's slot. */
+static void
+put_publisher_row(ReturnSetInfo *rsinfo, int worker_id, const WorkerStatus *s)
+{
+	Datum		values[NUM_WORKER_STATUS_COLUMNS];
+	bool		nulls[NUM_WORKER_STATUS_COLUMNS] = {0};
+
+	values[COL_WORKER_ID] = Int32GetDatum(worker_id);
+	values[COL_DATABASE] = CStringGetTextDatum(outbox_database);
+	values[COL_PID] = Int32GetDatum(s->pid);
+	nulls[COL_PID] = s->pid == 0;
+	values[COL_STATE] = CStringGetTextDatum(worker_state_name(s->state));
+	values[COL_BROKERS] = CStringGetTextDatum(outbox_brokers);
+	values[COL_BROKERS_REACHABLE] = BoolGetDatum(s->brokers_reachable);
+	nulls[COL_BROKERS_REACHABLE] = s->pid == 0;
+	values[COL_STARTED_AT] = TimestampTzGetDatum(s->started_at);
+	nulls[COL_STARTED_AT] = s->started_at == 0;
+	values[COL_PUBLISHED] = Int64GetDatum((int64) s->published);
+	/* "failed" counts the failed attempts that were scheduled for a retry */
+	values[COL_FAILED] = Int64GetDatum((int64) s->retries_scheduled);
+	values[COL_DEAD_LETTERED] = Int64GetDatum((int64) s->dead_lettered);
+	values[COL_LAST_PUBLISH_AT] = TimestampTzGetDatum(s->last_publish_at);
+	nulls[COL_LAST_PUBLISH_AT] = s->last_publish_at == 0;
+	values[COL_LAST_ERROR] = CStringGetTextDatum(s->last_error);
+	nulls[COL_LAST_ERROR] = s->last_error[0] == '\0';
+	values[COL_LAST_ERROR_AT] = TimestampTzGetDatum(s->last_error_at);
+	nulls[COL_LAST_ERROR_AT] = s->last_error_at == 0;
+
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
-void
-outbox_report_brokers_reachable(bool reachable)
-{
-	OutboxWorkerSlot *slot = &outbox_shared->worker;
-
-	SpinLockAcquire(&slot->mutex);
-	slot->brokers_reachable = reachable;
-	SpinLockRelease(&slot->mutex);
-}
-
-/*
- * Keep the last error for outbox_worker.  No palloc: librdkafka's error
- * callback calls this too.
- */
-void
-outbox_report_error(const char *fmt,...)
-{
-	OutboxWorkerSlot *slot = &outbox_shared->worker;
-	char		message[OUTBOX_LAST_ERROR_LEN];
-	va_list		args;
-
-	va_start(args, fmt);
-	vsnprintf(message, sizeof(message), fmt, args);
-	va_end(args);
-
-	SpinLockAcquire(&slot->mutex);
-	memcpy(slot->last_error, message, sizeof(message));
-	slot->last_error_at = GetCurrentTimestamp();
-	SpinLockRelease(&slot->mutex);
-}
-
-/* One row per worker: today there is one. */
+/* One row per publishing worker, numbered from 1. */
 Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	OutboxWorkerSlot *slot = &outbox_shared->worker;
-	OutboxWorkerSlot copy;
-	Datum		values[13];
-	bool		nulls[13] = {0};
+	int			worker_id = 0;
 
 	InitMaterializedSRF(fcinfo, 0);
+	for (int i = 0; i < worker_slot_count(); i++)
+	{
+		WorkerStatus status;
 
-	SpinLockAcquire(&slot->mutex);
-	memcpy(&copy, slot, offsetof(OutboxWorkerSlot, published));
-	SpinLockRelease(&slot->mutex);
-
-	values[0] = Int32GetDatum(1);
-	values[1] = CStringGetTextDatum(outbox_database);
-	values[2] = Int32GetDatum(copy.pid);
-	nulls[2] = copy.pid == 0;
-	values[3] = CStringGetTextDatum(state_names[copy.state]);
-	values[4] = CStringGetTextDatum(outbox_brokers);
-	values[5] = BoolGetDatum(copy.brokers_reachable);
-	nulls[5] = copy.pid == 0;
-	values[6] = TimestampTzGetDatum(copy.started_at);
-	nulls[6] = copy.started_at == 0;
-	values[7] = Int64GetDatum((int64) pg_atomic_read_u64(&slot->published));
-	values[8] = Int64GetDatum((int64) pg_atomic_read_u64(&slot->failed));
-	values[9] = Int64GetDatum((int64) pg_atomic_read_u64(&slot->dead_lettered));
-	values[10] = TimestampTzGetDatum(copy.last_publish_at);
-	nulls[10] = copy.last_publish_at == 0;
-	values[11] = CStringGetTextDatum(copy.last_error);
-	nulls[11] = copy.last_error[0] == '\0';
-	values[12] = TimestampTzGetDatum(copy.last_error_at);
-	nulls[12] = copy.last_error_at == 0;
-
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (worker_slot_read(i, &status) && status.kind == WORKER_KIND_PUBLISHER)
+			put_publisher_row(rsinfo, ++worker_id, &status);
+	}
 	return (Datum) 0;
 }
 
 /*
- * Ask the worker to make its producer fail fatally during its next batch,
- * as librdkafka's rd_kafka_test_fatal_error() does, so that an operator (or
- * a test) can see it rebuild the producer and lose nothing.
+ * Ask the publishers to make their producer fail fatally during the next
+ * batch, as librdkafka's rd_kafka_test_fatal_error() does, so that an
+ * operator (or a test) can see it rebuilt and nothing lost.
  */
 Datum
 outbox_simulate_fatal_error(PG_FUNCTION_ARGS)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->worker;
-	Latch	   *latch;
-
-	pg_atomic_write_u32(&slot->simulate_fatal_error, 1);
-	SpinLockAcquire(&slot->mutex);
-	latch = slot->latch;
-	SpinLockRelease(&slot->mutex);
-	if (latch)
-		SetLatch(latch);
+	worker_request_fatal_error_drill();
 	PG_RETURN_VOID();
 }

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * store.c
- *	  The worker's SQL: claim a batch of messages, then, in the same
- *	  transaction, delete (or mark sent) the delivered ones, schedule retries
- *	  for the failed ones and move the hopeless ones to outbox_dead_letter.
+ *	  The publishing worker's SQL: claim a batch of messages; record what
+ *	  Kafka said of a batch: delete (or mark sent) the delivered messages,
+ *	  schedule retries for the failed ones and move the hopeless ones to
+ *	  outbox_dead_letter; purge old sent rows.
  *
  * Every statement is prepared once per extension schema and takes the whole
  * batch as arrays, so a batch costs a handful of statements whatever its
@@ -28,8 +29,11 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "outbox.h"
+#include "settings.h"
 #include "store.h"
+
+/* Sent rows older than outbox.sent_retention are deleted this many at a time. */
+#define PURGE_BATCH_ROWS 1000
 
 typedef enum StoreStatement
 {
@@ -48,6 +52,7 @@ typedef enum StoreStatement
 
 typedef struct StoreStatementDef
 {
+	const char *name;			/* for error messages */
 	const char *sql;			/* %1$s is the extension's schema */
 	int			nargs;
 	Oid			argtypes[3];
@@ -70,8 +75,7 @@ typedef struct StoreStatementDef
  * those ids are too many, walks past them after all.
  */
 #define CLAIM_SQL(ids_to_claim) \
-		"SELECT m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
-		"       m.created_at, m.attempts" \
+		"SELECT " CLAIMED_COLUMNS \
 		"  FROM %1$s.outbox_message m" \
 		" WHERE " ids_to_claim \
 		"   AND m.state <> 'sent'" \
@@ -84,21 +88,23 @@ typedef struct StoreStatementDef
 		" FOR UPDATE OF m SKIP LOCKED"
 
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
-	[STMT_CLAIM_BELOW] = {CLAIM_SQL("m.id < $2"), 2, {INT4OID, INT8OID}},
-	[STMT_CLAIM_AMONG] = {CLAIM_SQL("m.id = ANY ($2)"), 2, {INT4OID, INT8ARRAYOID}},
-	[STMT_CLAIM_ABOVE] = {CLAIM_SQL("m.id > $2"), 2, {INT4OID, INT8OID}},
-	[STMT_CLAIM_EXCEPT] = {CLAIM_SQL("m.id <> ALL ($2)"), 2, {INT4OID, INT8ARRAYOID}},
+	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL("m.id < $2"), 2, {INT4OID, INT8OID}},
+	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL("m.id = ANY ($2)"), 2, {INT4OID, INT8ARRAYOID}},
+	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL("m.id > $2"), 2, {INT4OID, INT8OID}},
+	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL("m.id <> ALL ($2)"), 2, {INT4OID, INT8ARRAYOID}},
 	/*
 	 * One scan of the primary key's range ($2, $3) instead of a descent per
 	 * id: the ids are tested against the array, hashed, as a filter, which
 	 * IS TRUE keeps from becoming an index condition.
 	 */
 	[STMT_DELETE_SENT] = {
+		"delete delivered messages",
 		"DELETE FROM %1$s.outbox_message"
 		" WHERE id BETWEEN $2 AND $3 AND (id = ANY ($1)) IS TRUE",
 		3, {INT8ARRAYOID, INT8OID, INT8OID}
 	},
 	[STMT_MARK_SENT] = {
+		"mark delivered messages sent",
 		"UPDATE %1$s.outbox_message m"
 		"   SET state = 'sent', sent_at = clock_timestamp(), last_error = NULL,"
 		"       kafka_partition = d.kafka_partition, kafka_offset = d.kafka_offset"
@@ -107,6 +113,7 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}
 	},
 	[STMT_RETRY] = {
+		"schedule retries",
 		"UPDATE %1$s.outbox_message m"
 		"   SET state = 'retrying', attempts = m.attempts + 1, last_error = f.error,"
 		"       next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'"
@@ -115,6 +122,7 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		3, {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID}
 	},
 	[STMT_DEAD_LETTER] = {
+		"move messages to outbox_dead_letter",
 		"WITH moved AS ("
 		"  DELETE FROM %1$s.outbox_message m"
 		"   USING unnest($1, $2) AS f(id, error)"
@@ -127,13 +135,15 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		2, {INT8ARRAYOID, TEXTARRAYOID}
 	},
 	[STMT_PURGE_SENT] = {
+		"purge sent messages",
 		"DELETE FROM %1$s.outbox_message WHERE id IN ("
 		"  SELECT id FROM %1$s.outbox_message"
 		"   WHERE state = 'sent' AND sent_at < now() - $1 * interval '1 second'"
-		"   LIMIT 1000)",
+		"   LIMIT " CppAsString2(PURGE_BATCH_ROWS) ")",
 		1, {INT4OID}
 	},
 	[STMT_NEXT_RETRY] = {
+		"find the next retry",
 		"SELECT (extract(epoch FROM min(next_attempt_at) - clock_timestamp()) * 1000)::int8"
 		"  FROM %1$s.outbox_message WHERE state = 'retrying'",
 		0, {InvalidOid}
@@ -172,6 +182,20 @@ extension_namespace(Oid *extension)
 	return namespace;
 }
 
+/* Drop the prepared statements, after DROP EXTENSION for instance. */
+static void
+forget_extension(void)
+{
+	for (int i = 0; i < STMT_COUNT; i++)
+	{
+		if (plans[i])
+			SPI_freeplan(plans[i]);
+		plans[i] = NULL;
+	}
+	plans_namespace = InvalidOid;
+	plans_extension = InvalidOid;
+}
+
 /*
  * Is the extension created in this database?  If so, lock it against DROP
  * EXTENSION until the transaction ends, so that its tables stay for the
@@ -197,14 +221,14 @@ store_find_extension(void)
 	}
 	if (!OidIsValid(namespace))
 	{
-		store_forget_extension();
+		forget_extension();
 		return InvalidOid;
 	}
 
 	if (namespace == plans_namespace && extension == plans_extension)
 		return extension;
 
-	store_forget_extension();
+	forget_extension();
 	schema = quote_identifier(get_namespace_name(namespace));
 	for (int i = 0; i < STMT_COUNT; i++)
 	{
@@ -221,8 +245,8 @@ store_find_extension(void)
 		plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes,
 									  CURSOR_OPT_CUSTOM_PLAN);
 		if (plans[i] == NULL)
-			elog(ERROR, "outbox: could not prepare \"%s\": %s",
-				 sql, SPI_result_code_string(SPI_result));
+			elog(ERROR, "outbox: could not prepare worker statement \"%s\": %s",
+				 def->name, SPI_result_code_string(SPI_result));
 		SPI_keepplan(plans[i]);
 		pfree(sql);
 	}
@@ -231,29 +255,15 @@ store_find_extension(void)
 	return extension;
 }
 
-/* Drop the prepared statements, after DROP EXTENSION for instance. */
-void
-store_forget_extension(void)
-{
-	for (int i = 0; i < STMT_COUNT; i++)
-	{
-		if (plans[i])
-			SPI_freeplan(plans[i]);
-		plans[i] = NULL;
-	}
-	plans_namespace = InvalidOid;
-	plans_extension = InvalidOid;
-}
-
-static int
+/* Run a prepared statement; anything but the expected result is an ERROR. */
+static void
 run(StoreStatement stmt, Datum *args, int expected)
 {
 	int			rc = SPI_execute_plan(plans[stmt], args, NULL, false, 0);
 
 	if (rc != expected)
-		elog(ERROR, "outbox: worker statement %d failed: %s",
-			 (int) stmt, SPI_result_code_string(rc));
-	return rc;
+		elog(ERROR, "outbox: worker statement \"%s\" failed: %s",
+			 statement_defs[stmt].name, SPI_result_code_string(rc));
 }
 
 static Datum
@@ -267,6 +277,40 @@ make_array(Datum *elements, int count, Oid type)
 	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
 }
 
+#define USECS_PER_MSEC 1000
+
+/* Milliseconds since the Unix epoch, as Kafka takes a record's timestamp. */
+static int64
+unix_epoch_ms(TimestampTz t)
+{
+	return (t + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY) /
+		USECS_PER_MSEC;
+}
+
+/* Copy one row of the claim's result into m, in the current memory context. */
+static void
+copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
+{
+	bool		isnull;
+	Datum		d;
+	bytea	   *payload;
+
+	MemSet(m, 0, sizeof(OutboxMessage));
+	m->id = DatumGetInt64(SPI_getbinval(tuple, desc, Anum_claimed_id, &isnull));
+	m->message_id = TextDatumGetCString(SPI_getbinval(tuple, desc, Anum_claimed_message_id, &isnull));
+	m->topic = TextDatumGetCString(SPI_getbinval(tuple, desc, Anum_claimed_topic, &isnull));
+	d = SPI_getbinval(tuple, desc, Anum_claimed_key, &isnull);
+	m->key = isnull ? NULL : TextDatumGetCString(d);
+	payload = DatumGetByteaPCopy(SPI_getbinval(tuple, desc, Anum_claimed_payload, &isnull));
+	m->payload = VARDATA(payload);
+	m->payload_len = VARSIZE(payload) - VARHDRSZ;
+	d = SPI_getbinval(tuple, desc, Anum_claimed_headers, &isnull);
+	m->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tuple, desc, Anum_claimed_created_at, &isnull);
+	m->timestamp_ms = unix_epoch_ms(DatumGetTimestampTz(d));
+	m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, Anum_claimed_attempts, &isnull));
+}
+
 /*
  * Run one claim statement for up to limit - count more messages, and append
  * them to batch, allocating them in context.  Returns the new count.
@@ -276,7 +320,7 @@ claim_more(StoreStatement stmt, Datum ids, OutboxMessage *batch, int count,
 		   int limit, MemoryContext context)
 {
 	Datum		args[2] = {Int32GetDatum(limit - count), ids};
-	TupleDesc	desc;
+	MemoryContext spi;
 
 	if (count >= limit)
 		return count;
@@ -288,98 +332,87 @@ claim_more(StoreStatement stmt, Datum ids, OutboxMessage *batch, int count,
 	 */
 	if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
 							 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: claim statement %d failed", (int) stmt);
-	desc = SPI_tuptable->tupdesc;
+		elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
+
+	/*
+	 * Under SPI, palloc allocates in SPI's procedure context, which
+	 * SPI_finish() frees; the batch outlives the transaction, so its copies
+	 * go to the caller's context.
+	 */
+	spi = MemoryContextSwitchTo(context);
 	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tuple = SPI_tuptable->vals[i];
-		OutboxMessage *m = &batch[count++];
-		MemoryContext spi = MemoryContextSwitchTo(context);
-		bool		isnull;
-		Datum		d;
-		bytea	   *payload;
-
-		MemSet(m, 0, sizeof(OutboxMessage));
-
-		m->id = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-		m->message_id = TextDatumGetCString(SPI_getbinval(tuple, desc, 2, &isnull));
-		m->topic = TextDatumGetCString(SPI_getbinval(tuple, desc, 3, &isnull));
-		d = SPI_getbinval(tuple, desc, 4, &isnull);
-		m->key = isnull ? NULL : TextDatumGetCString(d);
-		payload = DatumGetByteaPCopy(SPI_getbinval(tuple, desc, 5, &isnull));
-		m->payload = VARDATA(payload);
-		m->payload_len = VARSIZE(payload) - VARHDRSZ;
-		d = SPI_getbinval(tuple, desc, 6, &isnull);
-		m->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
-		m->timestamp_ms = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 7, &isnull)) / 1000 +
-			(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
-		m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, 8, &isnull));
-		MemoryContextSwitchTo(spi);
-	}
+		copy_claimed_row(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &batch[count++]);
+	MemoryContextSwitchTo(spi);
 	SPI_freetuptable(SPI_tuptable);
 	return count;
 }
 
+/* How many ids between the lowest and the highest in flight are not in flight. */
+static int64
+count_gaps(const OutboxMessage *in_flight, int count)
+{
+	return in_flight[count - 1].id - in_flight[0].id + 1 - count;
+}
+
+/* Those ids, as an array. */
+static Datum
+gaps_array(const OutboxMessage *in_flight, int count)
+{
+	Datum	   *gaps = palloc(sizeof(Datum) * Max(count_gaps(in_flight, count), 1));
+	int			ngaps = 0;
+	int			next = 0;
+
+	for (int64 id = in_flight[0].id; id <= in_flight[count - 1].id; id++)
+	{
+		if (id == in_flight[next].id)
+			next++;
+		else
+			gaps[ngaps++] = Int64GetDatum(id);
+	}
+	return make_array(gaps, ngaps, INT8OID);
+}
+
+/* The ids in flight, as an array. */
+static Datum
+ids_array(const OutboxMessage *in_flight, int count)
+{
+	Datum	   *ids = palloc(sizeof(Datum) * count);
+
+	for (int i = 0; i < count; i++)
+		ids[i] = Int64GetDatum(in_flight[i].id);
+	return make_array(ids, count, INT8OID);
+}
+
 /*
- * Claim up to limit messages in id order, locked until the transaction ends,
- * leaving out the in_flight ones (in id order, as claimed).  The messages are
- * allocated in the caller's memory context.
+ * Claim up to limit messages in id order, locked until the transaction
+ * ends, leaving out the in_flight ones (in id order, as claimed): by index
+ * ranges below, among and above them, unless the ids among them that are
+ * not theirs are too many to list.  The messages are allocated in the
+ * caller's memory context.
  */
 int
 store_claim_batch(OutboxMessage **messages, int limit,
 				  const OutboxMessage *in_flight, int in_flight_count)
 {
 	MemoryContext caller = CurrentMemoryContext;
-	OutboxMessage *batch = MemoryContextAlloc(caller, sizeof(OutboxMessage) * Max(limit, 1));
-	int64		lowest,
-				highest,
-				others;
+	OutboxMessage *batch = palloc(sizeof(OutboxMessage) * Max(limit, 1));
 	int			count = 0;
 
-	if (in_flight_count == 0)
-	{
-		count = claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN),
-						   batch, count, limit, caller);
-		*messages = batch;
-		return count;
-	}
-
-	/* the ids between the lowest and the highest in flight that are not */
-	lowest = in_flight[0].id;
-	highest = in_flight[in_flight_count - 1].id;
-	others = highest - lowest + 1 - in_flight_count;
-	if (others <= limit)
-	{
-		Datum	   *ids = palloc(sizeof(Datum) * Max(others, 1));
-		int			nids = 0;
-		int			next = 0;
-
-		for (int64 id = lowest; id <= highest; id++)
-		{
-			if (id == in_flight[next].id)
-				next++;
-			else
-				ids[nids++] = Int64GetDatum(id);
-		}
-		count = claim_more(STMT_CLAIM_BELOW, Int64GetDatum(lowest),
-						   batch, count, limit, caller);
-		if (nids > 0)
-			count = claim_more(STMT_CLAIM_AMONG, make_array(ids, nids, INT8OID),
-							   batch, count, limit, caller);
-		count = claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(highest),
-						   batch, count, limit, caller);
-	}
-	else
-	{
-		Datum	   *ids = palloc(sizeof(Datum) * in_flight_count);
-
-		for (int i = 0; i < in_flight_count; i++)
-			ids[i] = Int64GetDatum(in_flight[i].id);
-		count = claim_more(STMT_CLAIM_EXCEPT, make_array(ids, in_flight_count, INT8OID),
-						   batch, count, limit, caller);
-	}
 	*messages = batch;
-	return count;
+	if (in_flight_count == 0)
+		return claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN),
+						  batch, count, limit, caller);
+	if (count_gaps(in_flight, in_flight_count) > limit)
+		return claim_more(STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count),
+						  batch, count, limit, caller);
+
+	count = claim_more(STMT_CLAIM_BELOW, Int64GetDatum(in_flight[0].id),
+					   batch, count, limit, caller);
+	if (count_gaps(in_flight, in_flight_count) > 0)
+		count = claim_more(STMT_CLAIM_AMONG, gaps_array(in_flight, in_flight_count),
+						   batch, count, limit, caller);
+	return claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(in_flight[in_flight_count - 1].id),
+					  batch, count, limit, caller);
 }
 
 /*
@@ -398,153 +431,182 @@ retry_delay_ms(int attempts)
 										(uint64) (delay / 2), (uint64) delay);
 }
 
-static char *
-describe_failure(OutboxMessage *m)
+/* Is this failed attempt of m its last? */
+static bool
+out_of_attempts(const OutboxMessage *m)
 {
-	return psprintf("%s%s", producer_error_text(m->error_code),
-					m->possibly_persisted ? " (possibly persisted)" : "");
+	return m->attempts + 1 >= outbox_max_attempts;
+}
+
+char *
+store_describe_failure(const OutboxMessage *m)
+{
+	return psprintf("%s%s", m->error, m->possibly_persisted ? " (possibly persisted)" : "");
 }
 
 /*
- * Delete the rows of ids (in ascending order), one dense run of ids at a
+ * The recording statements take the batch as arrays, one per column: what
+ * each message puts in a column.
+ */
+typedef Datum (*MessageColumn) (OutboxMessage *m);
+
+static Datum
+id_of(OutboxMessage *m)
+{
+	return Int64GetDatum(m->id);
+}
+
+static Datum
+partition_of(OutboxMessage *m)
+{
+	return Int32GetDatum(m->partition);
+}
+
+static Datum
+offset_of(OutboxMessage *m)
+{
+	return Int64GetDatum(m->offset);
+}
+
+static Datum
+retry_delay_of(OutboxMessage *m)
+{
+	return Int64GetDatum(retry_delay_ms(m->attempts));
+}
+
+static Datum
+failure_of(OutboxMessage *m)
+{
+	return CStringGetTextDatum(store_describe_failure(m));
+}
+
+static Datum
+dead_letter_reason_of(OutboxMessage *m)
+{
+	if (m->outcome == DELIVERY_RETRY)
+		return CStringGetTextDatum(psprintf("%s, after %d attempts",
+											store_describe_failure(m), m->attempts + 1));
+	return failure_of(m);
+}
+
+/*
+ * Run a recording statement for these messages; its arguments are the
+ * columns' arrays, typed as the statement declares them.
+ */
+static void
+run_for_messages(StoreStatement stmt, const MessageColumn *columns,
+				 OutboxMessage **messages, int count, int expected)
+{
+	const StoreStatementDef *def = &statement_defs[stmt];
+	Datum		args[lengthof(def->argtypes)];
+
+	for (int arg = 0; arg < def->nargs; arg++)
+	{
+		Datum	   *values = palloc(sizeof(Datum) * count);
+
+		for (int i = 0; i < count; i++)
+			values[i] = columns[arg] (messages[i]);
+		args[arg] = make_array(values, count, get_element_type(def->argtypes[arg]));
+	}
+	run(stmt, args, expected);
+}
+
+/*
+ * Delete delivered rows (in ascending id order), one dense run of ids at a
  * time: a batch is mostly one run, but may hold a straggler far below, and
  * one range scan over both would walk every row between.
  */
 static void
-delete_by_runs(Datum *ids, int count)
+delete_delivered(OutboxMessage **messages, int count)
 {
 	int			first = 0;
 
 	for (int i = 1; i <= count; i++)
 	{
+		Datum	   *ids;
 		Datum		args[3];
 
-		if (i < count &&
-			DatumGetInt64(ids[i]) - DatumGetInt64(ids[i - 1]) <= DELETE_RUN_GAP)
+		if (i < count && messages[i]->id - messages[i - 1]->id <= DELETE_RUN_GAP)
 			continue;
-		args[0] = make_array(&ids[first], i - first, INT8OID);
-		args[1] = ids[first];
-		args[2] = ids[i - 1];
+		ids = palloc(sizeof(Datum) * (i - first));
+		for (int j = first; j < i; j++)
+			ids[j - first] = id_of(messages[j]);
+		args[0] = make_array(ids, i - first, INT8OID);
+		args[1] = Int64GetDatum(messages[first]->id);
+		args[2] = Int64GetDatum(messages[i - 1]->id);
 		run(STMT_DELETE_SENT, args, SPI_OK_DELETE);
 		first = i;
 	}
 }
 
+/* Keep delivered rows as 'sent', with where Kafka put them. */
+static void
+mark_sent(OutboxMessage **messages, int count)
+{
+	static const MessageColumn columns[] = {id_of, partition_of, offset_of};
+
+	run_for_messages(STMT_MARK_SENT, columns, messages, count, SPI_OK_UPDATE);
+}
+
+static void
+schedule_retries(OutboxMessage **messages, int count)
+{
+	static const MessageColumn columns[] = {id_of, retry_delay_of, failure_of};
+
+	run_for_messages(STMT_RETRY, columns, messages, count, SPI_OK_UPDATE);
+}
+
+static void
+move_to_dead_letter(OutboxMessage **messages, int count)
+{
+	static const MessageColumn columns[] = {id_of, dead_letter_reason_of};
+
+	run_for_messages(STMT_DEAD_LETTER, columns, messages, count, SPI_OK_INSERT);
+}
+
 /*
- * Record a published batch: delivered rows go (or stay as 'sent'), failed
+ * Record a settled batch: delivered rows go (or stay as 'sent'), failed
  * ones wait for a retry or, when hopeless or out of attempts, move to
- * outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as they are.
+ * outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as they are.  Fills
+ * in how many went each way.
  */
 void
-store_record_outcomes(OutboxMessage *messages, int count)
+store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *recorded)
 {
-	Datum	   *sent_ids = palloc(sizeof(Datum) * count);
-	Datum	   *sent_partitions = palloc(sizeof(Datum) * count);
-	Datum	   *sent_offsets = palloc(sizeof(Datum) * count);
-	Datum	   *retry_ids = palloc(sizeof(Datum) * count);
-	Datum	   *retry_delays = palloc(sizeof(Datum) * count);
-	Datum	   *retry_errors = palloc(sizeof(Datum) * count);
-	Datum	   *dead_ids = palloc(sizeof(Datum) * count);
-	Datum	   *dead_errors = palloc(sizeof(Datum) * count);
-	int			nsent = 0,
-				nretry = 0,
-				ndead = 0;
+	OutboxMessage **delivered = palloc(sizeof(OutboxMessage *) * count);
+	OutboxMessage **retries = palloc(sizeof(OutboxMessage *) * count);
+	OutboxMessage **dead = palloc(sizeof(OutboxMessage *) * count);
 
+	memset(recorded, 0, sizeof(RecordedOutcomes));
 	for (int i = 0; i < count; i++)
 	{
 		OutboxMessage *m = &messages[i];
 
-		switch (m->outcome)
-		{
-			case DELIVERY_OK:
-				sent_ids[nsent] = Int64GetDatum(m->id);
-				sent_partitions[nsent] = Int32GetDatum(m->partition);
-				sent_offsets[nsent] = Int64GetDatum(m->offset);
-				nsent++;
-				break;
-			case DELIVERY_RETRY:
-				if (m->attempts + 1 < outbox_max_attempts)
-				{
-					retry_ids[nretry] = Int64GetDatum(m->id);
-					retry_delays[nretry] = Int64GetDatum(retry_delay_ms(m->attempts));
-					retry_errors[nretry] = CStringGetTextDatum(describe_failure(m));
-					nretry++;
-					break;
-				}
-				/* out of attempts */
-				dead_ids[ndead] = Int64GetDatum(m->id);
-				dead_errors[ndead] = CStringGetTextDatum(psprintf("%s, after %d attempts",
-																  describe_failure(m),
-																  m->attempts + 1));
-				ndead++;
-				break;
-			case DELIVERY_PERMANENT:
-				dead_ids[ndead] = Int64GetDatum(m->id);
-				dead_errors[ndead] = CStringGetTextDatum(describe_failure(m));
-				ndead++;
-				break;
-			case DELIVERY_NOT_SENT:
-			case DELIVERY_PENDING:
-				break;
-		}
+		if (m->outcome == DELIVERY_OK)
+			delivered[recorded->delivered++] = m;
+		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))
+			retries[recorded->retries_scheduled++] = m;
+		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_PERMANENT)
+			dead[recorded->dead_lettered++] = m;
 	}
 
-	if (nsent > 0 && outbox_sent_retention == 0)
-		delete_by_runs(sent_ids, nsent);
-	else if (nsent > 0)
-	{
-		Datum		args[3] = {make_array(sent_ids, nsent, INT8OID),
-			make_array(sent_partitions, nsent, INT4OID),
-		make_array(sent_offsets, nsent, INT8OID)};
-
-		run(STMT_MARK_SENT, args, SPI_OK_UPDATE);
-	}
-	if (nretry > 0)
-	{
-		Datum		args[3] = {make_array(retry_ids, nretry, INT8OID),
-			make_array(retry_delays, nretry, INT8OID),
-		make_array(retry_errors, nretry, TEXTOID)};
-
-		run(STMT_RETRY, args, SPI_OK_UPDATE);
-	}
-	if (ndead > 0)
-	{
-		Datum		args[2] = {make_array(dead_ids, ndead, INT8OID),
-		make_array(dead_errors, ndead, TEXTOID)};
-
-		run(STMT_DEAD_LETTER, args, SPI_OK_INSERT);
-	}
-
-	pg_atomic_fetch_add_u64(&outbox_shared->worker.published, nsent);
-	pg_atomic_fetch_add_u64(&outbox_shared->worker.failed, nretry);
-	pg_atomic_fetch_add_u64(&outbox_shared->worker.dead_lettered, ndead);
-	if (nsent > 0)
-	{
-		SpinLockAcquire(&outbox_shared->worker.mutex);
-		outbox_shared->worker.last_publish_at = GetCurrentTimestamp();
-		SpinLockRelease(&outbox_shared->worker.mutex);
-	}
-	if (nretry + ndead > 0)
-	{
-		for (int i = 0; i < count; i++)
-			if (messages[i].outcome == DELIVERY_RETRY || messages[i].outcome == DELIVERY_PERMANENT)
-			{
-				outbox_report_error("message %lld to topic \"%s\": %s",
-									(long long) messages[i].id, messages[i].topic,
-									describe_failure(&messages[i]));
-				break;
-			}
-	}
+	if (recorded->delivered > 0 && outbox_sent_retention == 0)
+		delete_delivered(delivered, recorded->delivered);
+	else if (recorded->delivered > 0)
+		mark_sent(delivered, recorded->delivered);
+	if (recorded->retries_scheduled > 0)
+		schedule_retries(retries, recorded->retries_scheduled);
+	if (recorded->dead_lettered > 0)
+		move_to_dead_letter(dead, recorded->dead_lettered);
 }
 
 /* Delete one small batch of sent rows older than outbox.sent_retention. */
-uint64
+void
 store_purge_sent(void)
 {
 	Datum		args[1] = {Int32GetDatum(outbox_sent_retention)};
 
 	run(STMT_PURGE_SENT, args, SPI_OK_DELETE);
-	return SPI_processed;
 }
 
 /* Milliseconds until the next retry is due, or -1 if none waits. */

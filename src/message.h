@@ -1,0 +1,91 @@
+/*-------------------------------------------------------------------------
+ *
+ * message.h
+ *	  One outbox message as the publishing worker holds it: the columns of
+ *	  outbox_message it reads, and what became of the message in Kafka.
+ *	  Shared by the claim (store.c), the pipeline (pipeline.c) and the
+ *	  producer (producer.c), and the limits of a Kafka record that the
+ *	  enqueue side (enqueue.c) checks at the door.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_MESSAGE_H
+#define OUTBOX_MESSAGE_H
+
+#include "common/hashfn.h"
+#include "utils/jsonb.h"
+
+/* Kafka's limit on a topic name's length. */
+#define KAFKA_MAX_TOPIC_LENGTH 249
+
+/*
+ * The header every record carries: the row's message_id, for consumers to
+ * deduplicate.  Its value is a UUID in its text form.
+ */
+#define MESSAGE_ID_HEADER "outbox-message-id"
+#define UUID_TEXT_LENGTH 36
+
+/*
+ * The columns the claim reads, in this order; Anum_claimed_* name their
+ * positions in its result.  Keep the two lists together.
+ */
+#define CLAIMED_COLUMNS \
+	"m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
+	" m.created_at, m.attempts"
+
+typedef enum ClaimedColumn
+{
+	Anum_claimed_id = 1,
+	Anum_claimed_message_id,
+	Anum_claimed_topic,
+	Anum_claimed_key,
+	Anum_claimed_payload,
+	Anum_claimed_headers,
+	Anum_claimed_created_at,
+	Anum_claimed_attempts
+} ClaimedColumn;
+
+/* What became of one message of a batch. */
+typedef enum DeliveryOutcome
+{
+	DELIVERY_NOT_SENT = 0,		/* not produced, or withdrawn: leave the row as it is */
+	DELIVERY_PENDING,			/* produced, no delivery report yet */
+	DELIVERY_OK,				/* acknowledged by Kafka */
+	DELIVERY_RETRY,				/* failed; may succeed later */
+	DELIVERY_PERMANENT			/* failed; will never succeed: dead-letter it */
+} DeliveryOutcome;
+
+/* One claimed message, and what happened to it. */
+typedef struct OutboxMessage
+{
+	int64		id;
+	char	   *message_id;		/* uuid as text, sent as MESSAGE_ID_HEADER */
+	char	   *topic;
+	char	   *key;			/* NULL for no key */
+	char	   *payload;
+	size_t		payload_len;
+	Jsonb	   *headers;		/* NULL for none */
+	int64		timestamp_ms;	/* enqueue time, the record's timestamp */
+	int			attempts;		/* failed attempts before this one */
+
+	DeliveryOutcome outcome;
+	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */
+	const char *error;			/* librdkafka's text for it, a static string */
+	bool		possibly_persisted;
+	bool		produced_alone; /* sent again on its own after a refusal for size */
+	int32		partition;
+	int64		offset;
+} OutboxMessage;
+
+/*
+ * The hash of a (topic, key) pair: it names the lock that orders enqueues of
+ * one key, and the keys the worker holds back within a batch.
+ */
+static inline uint64
+message_key_hash(const char *topic, size_t topic_len, const char *key, size_t key_len)
+{
+	return hash_combine64(hash_bytes_extended((const unsigned char *) topic, topic_len, 0),
+						  hash_bytes_extended((const unsigned char *) key, key_len, 0));
+}
+
+#endif							/* OUTBOX_MESSAGE_H */

@@ -1,0 +1,535 @@
+/*-------------------------------------------------------------------------
+ *
+ * pipeline.c
+ *	  The publishing worker's pipeline: two batches and the producer.  Kafka
+ *	  acknowledges one batch while the worker claims the next.
+ *
+ * A batch goes through four states:
+ *
+ *	 EMPTY --claim--> CLAIMED --produce--> IN_FLIGHT --settle--> SETTLED
+ *	   ^                  |                                          |
+ *	   +---- not produced +------------------- emptied --------------+
+ *
+ * Each turn claims the next batch in a transaction, settles the batch in
+ * flight (waits for Kafka's delivery reports on it and records them),
+ * commits, and then produces the batch it claimed: that one is in flight
+ * until the next turn.  So at most one batch is acknowledged and not yet
+ * recorded, the most a crash can publish twice.  With nothing in flight,
+ * the claimed batch is produced before the commit; a partial one is also
+ * settled in that transaction, which spares a second transaction per wake
+ * when messages come a few at a time.
+ *
+ * A claimed batch is produced only if the batch settled before it went
+ * through whole: a message to retry holds back the later messages of its
+ * key, which the claim sees only once the retry is recorded; and a failing
+ * Kafka is better not given more.  Otherwise its rows, unlocked at commit,
+ * wait for the next turn.
+ *
+ * Memory: each batch has a context of its own, since a batch in flight
+ * lives from one turn into the next; the producer lives in
+ * TopMemoryContext.  Everything else a turn allocates goes to the caller's
+ * context, which the caller resets after each turn.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "postmaster/interrupt.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+#include "pipeline.h"
+#include "producer.h"
+#include "settings.h"
+#include "store.h"
+#include "worker_slot.h"
+
+/* How long one probe for the brokers may take, and the pause between two. */
+#define BROKER_PROBE_TIMEOUT_MS 2000
+#define BROKER_PROBE_INTERVAL_MS 1000
+
+/* The smallest hash table of held keys worth making. */
+#define MIN_HELD_KEYS 16
+
+typedef enum BatchState
+{
+	BATCH_EMPTY,
+	BATCH_CLAIMED,				/* its rows locked by this turn's transaction */
+	BATCH_IN_FLIGHT,			/* handed to librdkafka */
+	BATCH_SETTLED				/* every message has its outcome, recorded */
+} BatchState;
+
+typedef struct Batch
+{
+	BatchState	state;
+	MemoryContext context;		/* holds the messages; reset when emptied */
+	Oid			extension;		/* the outbox extension whose rows they are */
+	OutboxMessage *messages;
+	int			count;
+	bool		settled_whole;	/* every message delivered or dead-lettered */
+} Batch;
+
+struct Pipeline
+{
+	Batch		batches[2];		/* one in flight while the other is claimed */
+	OutboxProducer *producer;	/* NULL until made, and after it failed */
+};
+
+Pipeline *
+pipeline_create(void)
+{
+	Pipeline   *p = MemoryContextAllocZero(TopMemoryContext, sizeof(Pipeline));
+
+	for (int i = 0; i < (int) lengthof(p->batches); i++)
+		p->batches[i].context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
+													  ALLOCSET_DEFAULT_SIZES);
+	return p;
+}
+
+/* The pipeline's batch in this state, or NULL. */
+static Batch *
+batch_in_state(Pipeline *p, BatchState state)
+{
+	for (int i = 0; i < (int) lengthof(p->batches); i++)
+		if (p->batches[i].state == state)
+			return &p->batches[i];
+	return NULL;
+}
+
+bool
+pipeline_has_batch_in_flight(Pipeline *p)
+{
+	return batch_in_state(p, BATCH_IN_FLIGHT) != NULL;
+}
+
+static void
+empty_batch(Batch *batch)
+{
+	MemoryContextReset(batch->context);
+	batch->messages = NULL;
+	batch->count = 0;
+	batch->state = BATCH_EMPTY;
+}
+
+/*
+ * The set of keys held back in a batch.  Two keys that share a hash hold
+ * each other back, which costs a message a turn of the loop and breaks no
+ * order.
+ */
+static HTAB *
+make_key_set(int size)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(uint64);
+	ctl.hcxt = CurrentMemoryContext;
+	return hash_create("outbox held keys", Max(size, MIN_HELD_KEYS), &ctl,
+					   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+static uint64
+key_hash(const OutboxMessage *m)
+{
+	return message_key_hash(m->topic, strlen(m->topic), m->key, strlen(m->key));
+}
+
+/* Is the key of m held back?  A message without a key has no order to keep. */
+static bool
+key_is_held(HTAB *held, const OutboxMessage *m)
+{
+	uint64		hash;
+	bool		found = false;
+
+	if (m->key == NULL)
+		return false;
+	hash = key_hash(m);
+	hash_search(held, &hash, HASH_FIND, &found);
+	return found;
+}
+
+/* Hold back the later messages of the key of m. */
+static void
+hold_key(HTAB *held, const OutboxMessage *m)
+{
+	uint64		hash;
+
+	if (m->key == NULL)
+		return;
+	hash = key_hash(m);
+	(void) hash_search(held, &hash, HASH_ENTER, NULL);
+}
+
+/* Can the producer take a new batch now? */
+static bool
+producer_ready(OutboxProducer *producer)
+{
+	return producer != NULL &&
+		!producer_settings_changed(producer) &&
+		!producer_failed_fatally(producer) &&
+		worker_brokers_known_reachable();
+}
+
+/* Make a producer from the current settings; report why not if it fails. */
+static bool
+make_producer(Pipeline *p)
+{
+	char		reason[WORKER_LAST_ERROR_LEN];
+
+	worker_report_brokers_reachable(false);
+	p->producer = producer_create(reason, sizeof(reason));
+	if (p->producer != NULL)
+		return true;
+	worker_report_state(WORKER_WAITING_FOR_BROKERS);
+	worker_report_error(LOG, "cannot create the Kafka producer: %s", reason);
+	return false;
+}
+
+/* Ask the brokers whether they answer; report it. */
+static bool
+probe_brokers(Pipeline *p)
+{
+	bool		reachable = producer_brokers_reachable(p->producer, BROKER_PROBE_TIMEOUT_MS);
+
+	worker_report_brokers_reachable(reachable);
+	if (!reachable)
+		worker_report_state(WORKER_WAITING_FOR_BROKERS);
+	return reachable;
+}
+
+/*
+ * The producer's lifecycle, before a turn: the producer of a batch in
+ * flight stays until its reports are in; otherwise one whose settings
+ * changed or that failed fatally is destroyed, a new one made, and the
+ * brokers asked whether they answer.  Claim nothing while Kafka cannot take
+ * it, so that no attempt is spent: returns false, with *wait_ms set, then.
+ */
+bool
+pipeline_prepare_producer(Pipeline *p, long *wait_ms)
+{
+	if (pipeline_has_batch_in_flight(p))
+		return true;
+
+	if (p->producer && (producer_settings_changed(p->producer) ||
+						producer_failed_fatally(p->producer)))
+	{
+		producer_destroy(p->producer);
+		p->producer = NULL;
+	}
+	if (p->producer == NULL && !make_producer(p))
+	{
+		*wait_ms = outbox_poll_interval;
+		return false;
+	}
+
+	producer_serve_events(p->producer);
+	if (!worker_brokers_known_reachable() && !probe_brokers(p))
+	{
+		*wait_ms = BROKER_PROBE_INTERVAL_MS;
+		return false;
+	}
+	return true;
+}
+
+/* Claim the next batch, leaving out the one in flight, if any. */
+static void
+claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
+{
+	MemoryContext caller = MemoryContextSwitchTo(batch->context);
+
+	batch->extension = extension;
+	batch->count = store_claim_batch(&batch->messages, outbox_batch_size,
+									 in_flight ? in_flight->messages : NULL,
+									 in_flight ? in_flight->count : 0);
+	MemoryContextSwitchTo(caller);
+	if (batch->count > 0)
+		batch->state = BATCH_CLAIMED;
+	else
+		empty_batch(batch);
+}
+
+/*
+ * Hand a claimed batch to librdkafka if the producer can take it, keeping
+ * per-key order: once a message of a key cannot be produced, the later
+ * messages of that key in the batch are not produced either.  Returns
+ * whether it did.
+ */
+static bool
+produce_batch(Pipeline *p, Batch *batch)
+{
+	HTAB	   *held;
+
+	if (batch->state != BATCH_CLAIMED || !producer_ready(p->producer))
+		return false;
+
+	worker_report_state(WORKER_PUBLISHING);
+	held = make_key_set(batch->count);
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (key_is_held(held, m))
+			continue;			/* outcome stays DELIVERY_NOT_SENT */
+		producer_produce(p->producer, m);
+		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
+			hold_key(held, m);
+	}
+	hash_destroy(held);
+
+	if (worker_take_fatal_error_drill())
+		producer_simulate_fatal_error(p->producer);
+	batch->state = BATCH_IN_FLIGHT;
+	return true;
+}
+
+/*
+ * Kafka refuses a whole record batch when it is larger than the topic
+ * allows, so one message too large for its topic gets the messages sent with
+ * it refused too.  Produce each message refused for its size again, alone,
+ * in id order, so that the refusal, if it comes again, is its own.  One that
+ * is delivered now comes after any later message of its key delivered the
+ * first time: the caller holds its key, so that those are sent again after
+ * it.  One whose turn does not come, because the producer failed, is left as
+ * not sent.  healthy says whether the producer still works; returns whether
+ * it still does.
+ */
+static bool
+produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch,
+							   bool healthy)
+{
+	int			produced = 0;
+
+	for (int i = 0; i < batch->count; i++)
+		if (batch->messages[i].outcome != DELIVERY_NOT_SENT)
+			produced++;
+	if (produced < 2)
+		return healthy;			/* it was alone already */
+
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (!producer_refused_for_size(m))
+			continue;
+		if (!healthy)
+		{
+			m->outcome = DELIVERY_NOT_SENT;
+			continue;
+		}
+		m->produced_alone = true;
+		producer_produce(producer, m);
+		healthy = producer_await_deliveries(producer);
+	}
+	return healthy;
+}
+
+/*
+ * Keep per-key order in a batch's outcomes: once a message of a key is not
+ * delivered, the later messages of that key are neither recorded as
+ * delivered ahead of it nor charged an attempt: they stay as they were, and
+ * the claim holds them back until their turn.  Sets settled_whole if every
+ * message was delivered or dead-lettered, so that no key is held back.
+ */
+static void
+hold_back_behind_failures(Batch *batch)
+{
+	HTAB	   *held = make_key_set(batch->count);
+
+	batch->settled_whole = true;
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (m->outcome == DELIVERY_PENDING)
+			m->outcome = DELIVERY_NOT_SENT;
+
+		/*
+		 * A message not delivered holds its key; so does one produced alone,
+		 * which Kafka got after the later messages of its key.
+		 */
+		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
+			key_is_held(held, m))
+			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
+		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
+				 (m->outcome == DELIVERY_OK && m->produced_alone))
+			hold_key(held, m);
+		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
+			batch->settled_whole = false;
+	}
+	hash_destroy(held);
+}
+
+/* Record a settled batch's outcomes, count them, and report its first failure. */
+static void
+record_outcomes(Batch *batch)
+{
+	RecordedOutcomes recorded;
+
+	store_record_outcomes(batch->messages, batch->count, &recorded);
+	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
+						  recorded.dead_lettered);
+	if (recorded.retries_scheduled + recorded.dead_lettered == 0)
+		return;
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_PERMANENT)
+		{
+			worker_report_error(LOG, "message %lld to topic \"%s\": %s",
+								(long long) m->id, m->topic, store_describe_failure(m));
+			return;
+		}
+	}
+}
+
+/*
+ * Wait for Kafka's reports on a batch in flight and record them.  The
+ * producer is destroyed if anything had to be withdrawn, before the batch's
+ * memory goes, since reports may still be owed for it.  After DROP
+ * EXTENSION the ids may be another table's: then nothing is recorded.
+ */
+static void
+settle_batch(Pipeline *p, Batch *batch, Oid extension)
+{
+	bool		healthy;
+
+	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
+	healthy = producer_await_deliveries(p->producer);
+	healthy = produce_alone_refused_for_size(p->producer, batch, healthy);
+	hold_back_behind_failures(batch);
+	if (!healthy || producer_failed_fatally(p->producer))
+	{
+		producer_destroy(p->producer);
+		p->producer = NULL;
+	}
+	if (batch->extension == extension)
+		record_outcomes(batch);
+	batch->state = BATCH_SETTLED;
+}
+
+static void
+begin_turn_transaction(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "outbox: claiming a batch");
+}
+
+/* Commit; CommitTransactionCommand() leaves TopMemoryContext current. */
+static void
+commit_turn_transaction(MemoryContext turn_context)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(turn_context);
+}
+
+/*
+ * The half of a turn in its transaction: purge old sent rows, claim the
+ * next batch (unless the worker is stopping), settle the batch in flight;
+ * or, with none in flight, produce the claimed batch at once, and settle it
+ * too if it is partial.  Returns the extension's oid, or InvalidOid without
+ * the extension; sets *next_retry_ms when nothing more waits to be claimed.
+ */
+static Oid
+turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry_ms)
+{
+	Oid			extension;
+
+	begin_turn_transaction();
+	extension = store_find_extension();
+	if (OidIsValid(extension) && !ShutdownRequestPending)
+	{
+		if (outbox_sent_retention > 0)
+			store_purge_sent();
+		claim_batch(next, extension, in_flight);
+	}
+
+	if (in_flight)
+		settle_batch(p, in_flight, extension);
+	else if (produce_batch(p, next) && next->count < outbox_batch_size)
+		settle_batch(p, next, extension);
+
+	if (OidIsValid(extension) &&
+		(next->state == BATCH_EMPTY || next->state == BATCH_SETTLED))
+		*next_retry_ms = store_ms_until_next_retry();
+	return extension;
+}
+
+/*
+ * The half of a turn after the commit: the settled batches go, and the
+ * claimed batch, if the one before it went through whole, is produced.
+ * Returns whether a claimed batch was left unproduced: its rows wait.
+ */
+static bool
+turn_after_commit(Pipeline *p, Batch *next, Batch *settled)
+{
+	if (settled)
+	{
+		bool		whole = settled->settled_whole;
+
+		empty_batch(settled);
+		if (whole)
+			(void) produce_batch(p, next);
+	}
+	if (next->state == BATCH_SETTLED)
+		empty_batch(next);
+	if (next->state != BATCH_CLAIMED)
+		return false;
+	empty_batch(next);
+	return true;
+}
+
+/*
+ * One turn of the pipeline; see the file's header comment.  Sets
+ * *next_retry_ms to the time until the next retry is due, or -1.
+ */
+TurnResult
+pipeline_turn(Pipeline *p, long *next_retry_ms)
+{
+	MemoryContext turn_context = CurrentMemoryContext;
+	Batch	   *in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
+	Batch	   *next = batch_in_state(p, BATCH_EMPTY);
+	Oid			extension;
+	bool		claimed_waits;
+	TurnResult	result;
+
+	Assert(next != NULL);		/* a turn empties all but the batch in flight */
+	*next_retry_ms = -1;
+	extension = turn_in_transaction(p, next, in_flight, next_retry_ms);
+	commit_turn_transaction(turn_context);
+	claimed_waits = turn_after_commit(p, next, in_flight);
+
+	if (!OidIsValid(extension))
+		result = TURN_NO_EXTENSION;
+	else if (pipeline_has_batch_in_flight(p) || claimed_waits)
+		result = TURN_GO_ON;
+	else
+		result = TURN_DRAINED;
+
+	/* Without the extension there is no outbox_worker view to say so. */
+	pgstat_report_activity(STATE_IDLE,
+						   result == TURN_NO_EXTENSION ? "outbox: waiting for CREATE EXTENSION outbox" : NULL);
+	return result;
+}
+
+/* At shutdown: record what Kafka says of the batch in flight, then let go. */
+void
+pipeline_finish(Pipeline *p)
+{
+	long		next_retry_ms;
+
+	if (pipeline_has_batch_in_flight(p))
+		(void) pipeline_turn(p, &next_retry_ms);
+	producer_destroy(p->producer);
+	p->producer = NULL;
+}

@@ -1,0 +1,27 @@
+/*-------------------------------------------------------------------------
+ *
+ * pipeline.h
+ *	  The publishing worker's pipeline: claim, produce, settle, record.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_PIPELINE_H
+#define OUTBOX_PIPELINE_H
+
+/* What one turn of the pipeline found. */
+typedef enum TurnResult
+{
+	TURN_NO_EXTENSION,			/* CREATE EXTENSION outbox has not run here */
+	TURN_DRAINED,				/* nothing in flight, nothing more to claim */
+	TURN_GO_ON					/* a batch is in flight, or more waits: go again */
+} TurnResult;
+
+typedef struct Pipeline Pipeline;
+
+extern Pipeline *pipeline_create(void);
+extern bool pipeline_has_batch_in_flight(Pipeline *p);
+extern bool pipeline_prepare_producer(Pipeline *p, long *wait_ms);
+extern TurnResult pipeline_turn(Pipeline *p, long *next_retry_ms);
+extern void pipeline_finish(Pipeline *p);
+
+#endif							/* OUTBOX_PIPELINE_H */

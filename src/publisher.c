@@ -1,0 +1,169 @@
+/*-------------------------------------------------------------------------
+ *
+ * publisher.c
+ *	  The publishing worker: a background worker that publishes the
+ *	  committed messages of outbox.database to Kafka.
+ *
+ * It connects to its database, then loops: a turn of the pipeline
+ * (pipeline.c) while a batch is in flight or more waits; otherwise a sleep
+ * on its latch, which every transaction that enqueues sets at commit, until
+ * then, until the next retry is due, or for outbox.poll_interval.  SIGHUP
+ * reloads the settings, SIGTERM ends it once the batch in flight is
+ * recorded, and it leaves at once if the postmaster dies.  Each pass of the
+ * loop allocates in a context that is reset after it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "pipeline.h"
+#include "settings.h"
+#include "worker_slot.h"
+
+/* The shortest sleep: a retry due now still waits this long. */
+#define MIN_SLEEP_MS 1
+
+/* Exit code that makes the postmaster start the worker again. */
+#define EXIT_TO_RESTART 1
+
+extern PGDLLEXPORT void outbox_publisher_main(Datum main_arg);
+
+static void
+wait_for_wake(long timeout_ms)
+{
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 Max(timeout_ms, MIN_SLEEP_MS), PG_WAIT_EXTENSION);
+}
+
+/*
+ * Wait, connected to no database, until outbox.database exists, then exit
+ * so that the postmaster starts the worker again: a process connects to one
+ * database only, once.
+ */
+static void
+wait_for_database(void)
+{
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("outbox worker");
+	worker_report_state(WORKER_WAITING_FOR_DATABASE);
+	pgstat_report_activity(STATE_IDLE, "outbox: waiting for outbox.database to be created");
+
+	for (;;)
+	{
+		bool		exists;
+
+		StartTransactionCommand();
+		exists = OidIsValid(get_database_oid(outbox_database, true));
+		CommitTransactionCommand();
+		if (exists)
+			break;
+
+		wait_for_wake(outbox_poll_interval);
+		ResetLatch(MyLatch);
+		if (ShutdownRequestPending)
+			proc_exit(0);
+	}
+
+	worker_end_connecting(InvalidOid);
+	ereport(LOG,
+			(errmsg("outbox: database \"%s\" exists now, restarting the worker to connect to it",
+					outbox_database)));
+	proc_exit(EXIT_TO_RESTART);
+}
+
+/*
+ * Connect to outbox.database.  Connecting to a database that does not exist
+ * ends the process; so a worker that finds its predecessor died while
+ * connecting waits for the database instead of failing every few seconds.
+ */
+static void
+connect_to_database(void)
+{
+	if (worker_begin_connecting())
+		wait_for_database();
+
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	pgstat_report_appname("outbox worker");
+	worker_end_connecting(MyDatabaseId);
+}
+
+/*
+ * One pass of the loop: reload the settings if asked, get the producer
+ * ready, and run a turn of the pipeline.  Returns true to go on at once;
+ * else *wait_ms says how long to sleep.
+ */
+static bool
+publish_once(Pipeline *pipeline, long *wait_ms)
+{
+	long		next_retry_ms;
+
+	*wait_ms = outbox_poll_interval;
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+	if (ConfigReloadPending)
+	{
+		ConfigReloadPending = false;
+		ProcessConfigFile(PGC_SIGHUP);
+	}
+
+	if (!pipeline_prepare_producer(pipeline, wait_ms))
+		return false;
+
+	switch (pipeline_turn(pipeline, &next_retry_ms))
+	{
+		case TURN_NO_EXTENSION:
+			worker_report_state(WORKER_WAITING_FOR_EXTENSION);
+			break;
+		case TURN_GO_ON:
+			return true;
+		case TURN_DRAINED:
+			worker_report_state(WORKER_IDLE);
+			if (next_retry_ms >= 0)
+				*wait_ms = Min(*wait_ms, next_retry_ms);
+			break;
+	}
+	return false;
+}
+
+void
+outbox_publisher_main(Datum main_arg)
+{
+	Pipeline   *pipeline;
+	MemoryContext loop_context;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	worker_slot_attach(DatumGetInt32(main_arg));
+	connect_to_database();
+
+	pipeline = pipeline_create();
+	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox publisher loop",
+										 ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(loop_context);
+
+	while (!ShutdownRequestPending)
+	{
+		long		wait_ms;
+		bool		go_on = publish_once(pipeline, &wait_ms);
+
+		MemoryContextReset(loop_context);
+		if (!go_on)
+			wait_for_wake(wait_ms);
+	}
+
+	pipeline_finish(pipeline);
+	proc_exit(0);
+}

@@ -1,0 +1,283 @@
+/*-------------------------------------------------------------------------
+ *
+ * settings.c
+ *	  The outbox's settings (GUCs), and outbox.kafka_properties: its one
+ *	  splitter, used alike by the check at SET or reload, by what SHOW tells,
+ *	  and by the producer; and the secrecy of its values.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <ctype.h>
+#include <limits.h>
+
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/elog.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "settings.h"
+
+char	   *outbox_brokers = NULL;
+char	   *outbox_database = NULL;
+char	   *outbox_kafka_properties = NULL;
+/* The defaults of the numeric settings. */
+#define DEFAULT_BATCH_SIZE 1000
+#define DEFAULT_RETRY_BACKOFF_BASE_MS 1000
+#define DEFAULT_RETRY_BACKOFF_MAX_MS (5 * 60 * 1000)
+#define DEFAULT_MAX_ATTEMPTS 10
+#define DEFAULT_POLL_INTERVAL_MS (10 * 1000)
+#define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
+#define DEFAULT_SENT_RETENTION_S 0
+
+/* Their bounds, where they have others than their type's. */
+#define MAX_BATCH_SIZE 100000
+#define MAX_MAX_ATTEMPTS 1000000
+#define MIN_POLL_INTERVAL_MS 10
+
+int			outbox_batch_size = DEFAULT_BATCH_SIZE;
+int			outbox_retry_backoff_base = DEFAULT_RETRY_BACKOFF_BASE_MS;
+int			outbox_retry_backoff_max = DEFAULT_RETRY_BACKOFF_MAX_MS;
+int			outbox_max_attempts = DEFAULT_MAX_ATTEMPTS;
+int			outbox_poll_interval = DEFAULT_POLL_INTERVAL_MS;
+int			outbox_max_record_size = DEFAULT_MAX_RECORD_SIZE;
+int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
+
+/* The mask SHOW puts on every value of outbox.kafka_properties. */
+#define MASKED_VALUE "********"
+
+static emit_log_hook_type prev_emit_log_hook = NULL;
+
+static void define_settings(void);
+static bool check_kafka_properties(char **newval, void **extra, GucSource source);
+static const char *show_kafka_properties(void);
+static void hide_kafka_properties_in_log(ErrorData *edata);
+
+/* Define the settings, and keep outbox.kafka_properties out of the log. */
+void
+settings_init(void)
+{
+	define_settings();
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = hide_kafka_properties_in_log;
+}
+
+static void
+define_settings(void)
+{
+	DefineCustomStringVariable("outbox.brokers",
+							   "Kafka bootstrap servers the worker publishes to.",
+							   "A comma-separated list of host:port.",
+							   &outbox_brokers,
+							   "localhost:9092",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.database",
+							   "Database whose outbox the worker serves.",
+							   NULL,
+							   &outbox_database,
+							   "postgres",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
+
+	/*
+	 * Any librdkafka producer property, including secrets such as
+	 * sasl.password, so only superusers may see it.  GUC_SUPERUSER_ONLY
+	 * still lets members of pg_read_all_settings read it: for them
+	 * show_kafka_properties() masks the values, and GUC_NO_SHOW_ALL keeps it
+	 * out of pg_settings, whose reset_val would show it as written.
+	 */
+	DefineCustomStringVariable("outbox.kafka_properties",
+							   "librdkafka producer properties, as name=value pairs separated by semicolons.",
+							   "For example 'security.protocol=SASL_SSL; sasl.mechanisms=PLAIN; compression.type=lz4'. "
+							   "enable.idempotence and acks cannot be changed.",
+							   &outbox_kafka_properties,
+							   "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   check_kafka_properties, NULL, show_kafka_properties);
+
+	DefineCustomIntVariable("outbox.batch_size",
+							"Most messages the worker claims and publishes in one transaction.",
+							NULL,
+							&outbox_batch_size,
+							DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_backoff_base",
+							"Delay before the first retry of a failed message; doubled at each further attempt.",
+							"The delay actually used is drawn at random between half of it and all of it.",
+							&outbox_retry_backoff_base,
+							DEFAULT_RETRY_BACKOFF_BASE_MS, 1, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_backoff_max",
+							"Longest delay between two attempts of a failed message.",
+							NULL,
+							&outbox_retry_backoff_max,
+							DEFAULT_RETRY_BACKOFF_MAX_MS, 1, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_attempts",
+							"Failed attempts after which a message is moved to outbox_dead_letter.",
+							NULL,
+							&outbox_max_attempts,
+							DEFAULT_MAX_ATTEMPTS, 1, MAX_MAX_ATTEMPTS,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.poll_interval",
+							"Longest time the worker sleeps without being woken by a commit.",
+							"A safety net: the worker is woken at the commit of every transaction that enqueues.",
+							&outbox_poll_interval,
+							DEFAULT_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_payload_size",
+							"Largest Kafka record a new outbox message may make: payload, key and headers.",
+							"Counted as librdkafka counts a record against its message.max.bytes, whose default this is.",
+							&outbox_max_record_size,
+							DEFAULT_MAX_RECORD_SIZE, 0, MaxAllocSize,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.sent_retention",
+							"How long delivered messages stay in outbox_message as 'sent'; 0 deletes them at once.",
+							NULL,
+							&outbox_sent_retention,
+							DEFAULT_SENT_RETENTION_S, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("outbox");
+}
+
+/* Trim white space off both ends of s, in place. */
+static char *
+trim(char *s)
+{
+	char	   *end;
+
+	while (isspace((unsigned char) *s))
+		s++;
+	end = s + strlen(s);
+	while (end > s && isspace((unsigned char) end[-1]))
+		*--end = '\0';
+	return s;
+}
+
+/*
+ * Split outbox.kafka_properties, "name=value; name=value", into a List of
+ * KafkaProperty: each name the text before an item's first '=', its value
+ * all after it, both trimmed.  Blank items are skipped.  Returns false if an
+ * item has no '=' or an empty name.  The check, SHOW and the producer all
+ * read the setting through this, so the check accepts exactly the pairs the
+ * producer will set.
+ */
+bool
+kafka_properties_split(const char *setting, List **properties)
+{
+	char	   *item = pstrdup(setting ? setting : "");
+
+	*properties = NIL;
+	while (item != NULL)
+	{
+		char	   *next = strchr(item, ';');
+		char	   *eq;
+		KafkaProperty *property;
+
+		if (next)
+			*next++ = '\0';
+		item = trim(item);
+		if (*item != '\0')
+		{
+			eq = strchr(item, '=');
+			if (eq == NULL)
+				return false;
+			*eq = '\0';
+			property = palloc(sizeof(KafkaProperty));
+			property->name = trim(item);
+			property->value = trim(eq + 1);
+			if (property->name[0] == '\0')
+				return false;
+			*properties = lappend(*properties, property);
+		}
+		item = next;
+	}
+	return true;
+}
+
+/*
+ * Refuse an outbox.kafka_properties that is not name=value pairs.  Whether
+ * librdkafka knows each name is checked by the worker, which reports it in
+ * outbox_worker; the message never repeats a value, which may be a secret.
+ */
+static bool
+check_kafka_properties(char **newval, void **extra, GucSource source)
+{
+	List	   *properties;
+
+	if (kafka_properties_split(*newval, &properties))
+		return true;
+
+	/* PostgreSQL's own message would repeat the value */
+	GUC_check_errmsg("invalid value for parameter \"%s\"", "outbox.kafka_properties");
+	GUC_check_errdetail("Each property must be written name=value; properties are separated by semicolons.");
+	return false;
+}
+
+/*
+ * What SHOW and current_setting() tell of outbox.kafka_properties: the
+ * setting to superusers, the property names alone to the members of
+ * pg_read_all_settings.  Any value may be a secret, and which properties
+ * hold secrets changes with librdkafka's releases, so all are masked.
+ */
+static const char *
+show_kafka_properties(void)
+{
+	StringInfoData shown;
+	List	   *properties;
+	ListCell   *lc;
+
+	if (superuser())
+		return outbox_kafka_properties;
+
+	initStringInfo(&shown);
+	(void) kafka_properties_split(outbox_kafka_properties, &properties);
+	foreach(lc, properties)
+	{
+		KafkaProperty *property = lfirst(lc);
+
+		appendStringInfo(&shown, "%s%s=" MASKED_VALUE,
+						 shown.len > 0 ? "; " : "", property->name);
+	}
+	return shown.data;
+}
+
+/*
+ * At a reload the postmaster logs the new value of every setting that
+ * changed; that of outbox.kafka_properties may hold secrets, and server logs
+ * travel further than the settings do.  Log that it changed, not to what.
+ * The message is recognized by its untranslated text; the setting's name
+ * stays as it is in every translation.
+ */
+static void
+hide_kafka_properties_in_log(ErrorData *edata)
+{
+	if (edata->message_id &&
+		strcmp(edata->message_id, "parameter \"%s\" changed to \"%s\"") == 0 &&
+		strstr(edata->message, "outbox.kafka_properties") != NULL)
+	{
+		pfree(edata->message);
+		edata->message = psprintf("parameter \"%s\" changed", "outbox.kafka_properties");
+	}
+
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}

@@ -1,0 +1,35 @@
+/*-------------------------------------------------------------------------
+ *
+ * settings.h
+ *	  The outbox's settings (GUCs), and the one reader of
+ *	  outbox.kafka_properties.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_SETTINGS_H
+#define OUTBOX_SETTINGS_H
+
+#include "nodes/pg_list.h"
+
+extern char *outbox_brokers;
+extern char *outbox_database;
+extern char *outbox_kafka_properties;
+extern int	outbox_batch_size;
+extern int	outbox_retry_backoff_base;
+extern int	outbox_retry_backoff_max;
+extern int	outbox_max_attempts;
+extern int	outbox_poll_interval;
+extern int	outbox_max_record_size;
+extern int	outbox_sent_retention;
+
+/* One name=value item of outbox.kafka_properties. */
+typedef struct KafkaProperty
+{
+	char	   *name;
+	char	   *value;
+} KafkaProperty;
+
+extern void settings_init(void);
+extern bool kafka_properties_split(const char *setting, List **properties);
+
+#endif							/* OUTBOX_SETTINGS_H */
