@@ -30,7 +30,7 @@ SHLIB_LINK = -lrdkafka
 #                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
 #                            KAFKA_PORT); each makes its own clusters.
 #                            PROVE_TESTS=test/t/001_publish.pl runs one.
-REGRESS = surface refused dead_letter views privileges
+REGRESS = surface refused dead_letter views privileges settings
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION = enqueue_rollback
