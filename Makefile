@@ -19,21 +19,29 @@ PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 SHLIB_LINK = -lrdkafka
 
-# pg_regress: the SQL surface, run in a temporary instance that preloads the
-# library (the worker needs it; so do the commit-time wake and the GUCs).
-# Inputs in sql/, expected output in expected/.
-REGRESS = surface refused dead_letter views privileges
-REGRESS_OPTS = --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
+# Tests.  `make installcheck` needs the extension installed (`make install`)
+# and no Kafka broker; `make installcheck-kafka` needs a broker as well.
+# `bash test/run-tests` runs both, starting the broker itself.
+#
+#   make installcheck        pg_regress (test/sql/*.sql against
+#                            test/expected/*.out) and the isolation specs
+#                            (test/specs), each in a temporary instance
+#                            configured by test/regress.conf: the library
+#                            preloaded, the worker pointed at a port where
+#                            no broker listens.
+#   make installcheck-kafka  the TAP tests (test/t/*.pl) against the Kafka
+#                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
+#                            KAFKA_PORT); each makes its own clusters.
+#                            PROVE_TESTS=test/t/001_publish.pl runs one.
+REGRESS = surface refused dead_letter views privileges settings
+REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
-# Isolation specs in test/specs, expected output in test/expected.
 ISOLATION = enqueue_rollback
-ISOLATION_OPTS = --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf --inputdir=$(srcdir)/test
+ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
-# TAP tests against a real Kafka broker: test/run-tests starts it.
+# Not TAP_TESTS = 1, which would make installcheck run them too.
 PROVE_TESTS ?= test/t/*.pl
-EXTRA_CLEAN = tmp_regress
-
-TAP_TESTS = 1
+EXTRA_CLEAN = tmp_regress tmp_check
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
@@ -41,3 +49,7 @@ include $(PGXS)
 
 # After pgxs, which resets it: the tests' shared module, and timings.
 PROVE_FLAGS += -I $(srcdir)/test/perl --timer
+
+.PHONY: installcheck-kafka
+installcheck-kafka:
+	$(prove_installcheck)
