@@ -71,7 +71,8 @@ PG_FUNCTION_INFO_V1(outbox_message_check);
 
 /*
  * Refuse a topic Kafka would refuse: Kafka allows only ASCII letters,
- * digits, '.', '_' and '-', at most KAFKA_MAX_TOPIC_LENGTH characters, and not "." or "..".
+ * digits, '.', '_' and '-', at most KAFKA_MAX_TOPIC_LENGTH characters, and
+ * not "." or "..".
  */
 static void
 check_topic(text *topic)
@@ -234,7 +235,7 @@ static bool
 lock_message_key(text *topic, text *key)
 {
 	uint64		h = message_key_hash(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
-									VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+									 VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 	LOCKTAG		tag;
 
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
