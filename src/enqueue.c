@@ -48,6 +48,15 @@
  */
 #define KAFKA_RECORD_MAX_FRAMING 36
 
+/*
+ * The most headers a message may have, besides the message id header.
+ * Kafka sets no limit, but every consumer reads every header of a record,
+ * and a librdkafka consumer has been seen to fail ("Bad message format") on
+ * a record of 100,000 small headers.  10,000 leave room for any use of
+ * headers; test/t/103_fuzz.pl reads 10,000 back through librdkafka.
+ */
+#define MAX_HEADERS 10000
+
 /* Set when this transaction wrote an outbox row; the commit wakes the worker. */
 static bool wake_worker_at_commit = false;
 
@@ -199,6 +208,12 @@ check_headers(Jsonb *headers)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox headers must be a JSON object"),
 				 errhint("Pass headers as an object of string values, for example '{\"trace-id\": \"abc\"}'.")));
+	if (JB_ROOT_COUNT(headers) > MAX_HEADERS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox message has %u headers, more than the %d allowed",
+						JB_ROOT_COUNT(headers), MAX_HEADERS),
+				 errhint("Every consumer reads every header of a record; put such data in the payload.")));
 
 	it = JsonbIteratorInit(&headers->root);
 	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
@@ -412,6 +427,34 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 }
 
 /*
+ * Refuse to fire on any table but the outbox's own.  The trigger reads its
+ * table's columns as the outbox's types and takes key locks: attached to a
+ * table of another shape it would read a number as a pointer and crash the
+ * server, and on a look-alike table it would let any role take the key
+ * locks of another.  The outbox's table is the one beside the trigger
+ * function, found once per query.
+ */
+static void
+check_fires_on_outbox(FunctionCallInfo fcinfo, Relation rel)
+{
+	FmgrInfo   *flinfo = fcinfo->flinfo;
+	Oid		   *outbox = flinfo->fn_extra;
+
+	if (outbox == NULL)
+	{
+		outbox = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(Oid));
+		*outbox = get_relname_relid("outbox_message", get_func_namespace(flinfo->fn_oid));
+		flinfo->fn_extra = outbox;
+	}
+	if (RelationGetRelid(rel) != *outbox)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("outbox_message_check() fires only on the outbox's own table, not on \"%s\"",
+						RelationGetRelationName(rel)),
+				 errhint("To enqueue, call outbox_enqueue() or insert into outbox_message.")));
+}
+
+/*
  * BEFORE INSERT row trigger on outbox_message: the same checks as
  * outbox_enqueue(), the per-key lock, and the wake at commit.
  */
@@ -431,6 +474,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
 
 	rel = trigdata->tg_relation;
+	check_fires_on_outbox(fcinfo, rel);
 	tuple = trigdata->tg_trigtuple;
 	wake_worker_at_commit = true;
 

@@ -34,6 +34,9 @@
 /* The shortest sleep: a retry due now still waits this long. */
 #define MIN_SLEEP_MS 1
 
+/* The only schemas the worker's statements may find names in. */
+#define WORKER_SEARCH_PATH "pg_catalog, pg_temp"
+
 /* Exit code that makes the postmaster start the worker again. */
 #define EXIT_TO_RESTART 1
 
@@ -86,6 +89,12 @@ wait_for_database(void)
  * Connect to outbox.database.  Connecting to a database that does not exist
  * ends the process; so a worker that finds its predecessor died while
  * connecting waits for the database instead of failing every few seconds.
+ *
+ * The worker runs as the bootstrap superuser, so the names in its
+ * statements must resolve in pg_catalog only: with the database's or a
+ * role's search_path, an operator or function that another role created in
+ * a schema on it (public, say) would run as superuser.  The override holds
+ * for the worker's life, against ALTER DATABASE ... SET and reloads alike.
  */
 static void
 connect_to_database(void)
@@ -94,6 +103,7 @@ connect_to_database(void)
 		wait_for_database();
 
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	SetConfigOption("search_path", WORKER_SEARCH_PATH, PGC_SUSET, PGC_S_OVERRIDE);
 	pgstat_report_appname("outbox worker");
 	worker_end_connecting(MyDatabaseId);
 }

@@ -79,7 +79,7 @@ typedef struct StoreStatementDef
 		"  FROM %1$s.outbox_message m" \
 		" WHERE " ids_to_claim \
 		"   AND m.state <> 'sent'" \
-		"   AND (m.state = 'pending' OR m.next_attempt_at <= now())" \
+		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
 		"   AND (m.key IS NULL OR NOT EXISTS (" \
 		"        SELECT FROM %1$s.outbox_message earlier" \
 		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic" \
@@ -106,9 +106,10 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 	[STMT_MARK_SENT] = {
 		"mark delivered messages sent",
 		"UPDATE %1$s.outbox_message m"
-		"   SET state = 'sent', sent_at = clock_timestamp(), last_error = NULL,"
+		"   SET state = 'sent', sent_at = pg_catalog.clock_timestamp(), last_error = NULL,"
 		"       kafka_partition = d.kafka_partition, kafka_offset = d.kafka_offset"
-		"  FROM unnest($1, $2, $3) AS d(id, kafka_partition, kafka_offset)"
+		"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+		"       AS d(id, kafka_partition, kafka_offset)"
 		" WHERE m.id = d.id",
 		3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}
 	},
@@ -116,8 +117,10 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"schedule retries",
 		"UPDATE %1$s.outbox_message m"
 		"   SET state = 'retrying', attempts = m.attempts + 1, last_error = f.error,"
-		"       next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'"
-		"  FROM unnest($1, $2, $3) AS f(id, delay_ms, error)"
+		"       next_attempt_at = pg_catalog.clock_timestamp()"
+		"                         + f.delay_ms::pg_catalog.float8 * interval '1 millisecond'"
+		"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+		"       AS f(id, delay_ms, error)"
 		" WHERE m.id = f.id",
 		3, {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID}
 	},
@@ -125,7 +128,7 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"move messages to outbox_dead_letter",
 		"WITH moved AS ("
 		"  DELETE FROM %1$s.outbox_message m"
-		"   USING unnest($1, $2) AS f(id, error)"
+		"   USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS f(id, error)"
 		"   WHERE m.id = f.id"
 		"  RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,"
 		"            m.attempts + 1, m.created_at, f.error)"
@@ -138,13 +141,15 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"purge sent messages",
 		"DELETE FROM %1$s.outbox_message WHERE id IN ("
 		"  SELECT id FROM %1$s.outbox_message"
-		"   WHERE state = 'sent' AND sent_at < now() - $1 * interval '1 second'"
+		"   WHERE state = 'sent'"
+		"     AND sent_at < pg_catalog.now() - $1::pg_catalog.float8 * interval '1 second'"
 		"   LIMIT " CppAsString2(PURGE_BATCH_ROWS) ")",
 		1, {INT4OID}
 	},
 	[STMT_NEXT_RETRY] = {
 		"find the next retry",
-		"SELECT (extract(epoch FROM min(next_attempt_at) - clock_timestamp()) * 1000)::int8"
+		"SELECT (extract(epoch FROM pg_catalog.min(next_attempt_at) - pg_catalog.clock_timestamp())"
+		"        * 1000::pg_catalog.numeric)::pg_catalog.int8"
 		"  FROM %1$s.outbox_message WHERE state = 'retrying'",
 		0, {InvalidOid}
 	},

@@ -69,6 +69,17 @@ SELECT outbox_enqueue('t', 'x'::text, NULL,
                       (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 10000) i)) > 0 AS many_headers_ok;
 ROLLBACK;
 
+-- more than 10,000 headers, however small, are refused
+SELECT outbox_enqueue('t', 'x'::text, NULL,
+                      (SELECT jsonb_object_agg('h' || i, '') FROM generate_series(1, 10001) i));
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_enqueue('t', 'x'::text, NULL,
+                      (SELECT jsonb_object_agg('h' || i, '') FROM generate_series(1, 100000) i));
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload, headers)
+SELECT 't', 'x', jsonb_object_agg('h' || i, '') FROM generate_series(1, 10001) i;
+\echo :LAST_ERROR_SQLSTATE
+
 SELECT outbox_enqueue('t', 'x'::text, 'k', '[1, 2]');
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_enqueue('t', 'x'::text, 'k', '"a string"');
