@@ -9,12 +9,15 @@
  * on its latch, which every transaction that enqueues sets at commit, until
  * then, until the next retry is due, or for outbox.poll_interval.  SIGHUP
  * reloads the settings, SIGTERM ends it once the batch in flight is
- * recorded, and it leaves at once if the postmaster dies.  Each pass of the
+ * recorded (to be started again unless the server is shutting down), and it
+ * leaves at once if the postmaster dies.  Each pass of the
  * loop allocates in a context that is reset after it.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#include <signal.h>
 
 #include "access/xact.h"
 #include "commands/dbcommands.h"
@@ -41,6 +44,42 @@
 #define EXIT_TO_RESTART 1
 
 extern PGDLLEXPORT void outbox_publisher_main(Datum main_arg);
+
+/* Set when SIGTERM came from the postmaster: the server is shutting down. */
+static volatile sig_atomic_t stopped_by_postmaster = false;
+
+/*
+ * SIGTERM: stop once the batch in flight is recorded.  Who sent it decides
+ * how the worker exits: the postmaster at shutdown, or a backend through
+ * pg_terminate_backend(), after which the postmaster must start it again,
+ * as it does autovacuum, or the outbox would stop until the next restart.
+ */
+static void
+handle_sigterm(int signo, siginfo_t *info, void *context)
+{
+	stopped_by_postmaster = info != NULL && info->si_pid == PostmasterPid;
+	SignalHandlerForShutdownRequest(signo);
+}
+
+static void
+install_sigterm_handler(void)
+{
+	struct sigaction action;
+
+	memset(&action, 0, sizeof(action));
+	action.sa_sigaction = handle_sigterm;
+	action.sa_flags = SA_SIGINFO | SA_RESTART;
+	sigemptyset(&action.sa_mask);
+	if (sigaction(SIGTERM, &action, NULL) != 0)
+		elog(FATAL, "outbox: could not install the SIGTERM handler: %m");
+}
+
+/* Exit as asked: for good at shutdown, to be started again otherwise. */
+static void
+exit_stopped(void)
+{
+	proc_exit(stopped_by_postmaster ? 0 : EXIT_TO_RESTART);
+}
 
 static void
 wait_for_wake(long timeout_ms)
@@ -75,7 +114,7 @@ wait_for_database(void)
 		wait_for_wake(outbox_poll_interval);
 		ResetLatch(MyLatch);
 		if (ShutdownRequestPending)
-			proc_exit(0);
+			exit_stopped();
 	}
 
 	worker_end_connecting(InvalidOid);
@@ -153,7 +192,7 @@ outbox_publisher_main(Datum main_arg)
 	MemoryContext loop_context;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	install_sigterm_handler();
 	BackgroundWorkerUnblockSignals();
 
 	worker_slot_attach(DatumGetInt32(main_arg));
@@ -175,5 +214,5 @@ outbox_publisher_main(Datum main_arg)
 	}
 
 	pipeline_finish(pipeline);
-	proc_exit(0);
+	exit_stopped();
 }
