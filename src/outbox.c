@@ -26,19 +26,18 @@ PG_MODULE_MAGIC;
 
 /*
  * The kinds of worker, their entry points, and what pg_stat_activity calls
- * them.  The static ones start with the server, each in a slot of its own.
- * A new kind is a file with its main function and a row here.
+ * them.  Each starts with the server, in a slot of its own.  A new kind is
+ * a file with its main function and a row here.
  */
 typedef struct WorkerKindDef
 {
 	OutboxWorkerKind kind;
 	const char *function_name;
 	const char *type;
-	bool		is_static;
 } WorkerKindDef;
 
 static const WorkerKindDef worker_kinds[] = {
-	{WORKER_KIND_PUBLISHER, "outbox_publisher_main", "outbox worker", true},
+	{WORKER_KIND_PUBLISHER, "outbox_publisher_main", "outbox worker"},
 };
 
 void		_PG_init(void);
@@ -59,7 +58,7 @@ _PG_init(void)
 	register_static_workers();
 }
 
-/* Register each static worker, with the number of the slot it will take. */
+/* Register each worker, with the number of the slot it will take. */
 static void
 register_static_workers(void)
 {
@@ -68,8 +67,6 @@ register_static_workers(void)
 		const WorkerKindDef *def = &worker_kinds[i];
 		BackgroundWorker worker;
 
-		if (!def->is_static)
-			continue;
 		memset(&worker, 0, sizeof(worker));
 		worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
