@@ -8,7 +8,8 @@
 set -euo pipefail
 
 OUTBOX_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_BIN=/usr/lib/postgresql/15/bin
+# PG_BIN may name another (relocated) PostgreSQL 15 install to build and test against.
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 export XDG_CACHE_HOME=/var/cache        # broker.sh keeps the Kafka jars in $XDG_CACHE_HOME/outbox
 export KAFKA_PORT=${KAFKA_PORT:-19092}
 export KAFKA_DIR=${KAFKA_DIR:-/tmp/outbox-kafka-$KAFKA_PORT}
@@ -49,8 +50,8 @@ install_dependencies() {
 
 build_and_install() {
     step "building and installing the outbox extension"
-    make -C "$OUTBOX_SRC" -s
-    make -C "$OUTBOX_SRC" -s install >/dev/null
+    make -C "$OUTBOX_SRC" -s PG_CONFIG="$PG_BIN/pg_config"
+    make -C "$OUTBOX_SRC" -s PG_CONFIG="$PG_BIN/pg_config" install >/dev/null
 }
 
 start_broker() {
