@@ -15,6 +15,11 @@ OBJS = \
 	src/settings.o \
 	src/worker_slot.o
 
+# librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c),
+# installed beside the module.
+KAFKA_PROCESS = src/outbox_kafka
+EXTRA_CLEAN = $(KAFKA_PROCESS)
+
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 SHLIB_LINK = -lrdkafka
@@ -41,7 +46,7 @@ ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.
 PROVE_TESTS ?= test/t/*.pl
-EXTRA_CLEAN = tmp_regress tmp_check
+EXTRA_CLEAN += tmp_regress tmp_check
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
@@ -49,6 +54,17 @@ include $(PGXS)
 
 # After pgxs, which resets it: the tests' shared module, and timings.
 PROVE_FLAGS += -I $(srcdir)/test/perl --timer
+
+all: $(KAFKA_PROCESS)
+
+$(KAFKA_PROCESS): src/kafka_process.c src/kafka_wire.h
+	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src -o $@ $< -lrdkafka
+
+install: install-kafka-process
+
+.PHONY: install-kafka-process
+install-kafka-process: $(KAFKA_PROCESS)
+	$(INSTALL_PROGRAM) $(KAFKA_PROCESS) '$(DESTDIR)$(pkglibdir)/outbox_kafka'
 
 .PHONY: installcheck-kafka
 installcheck-kafka:

@@ -15,8 +15,7 @@
 #include "common/hashfn.h"
 #include "utils/jsonb.h"
 
-/* Kafka's limit on a topic name's length. */
-#define KAFKA_MAX_TOPIC_LENGTH 249
+#include "kafka_wire.h"
 
 /*
  * The header every record carries: the row's message_id, for consumers to

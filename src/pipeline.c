@@ -253,33 +253,19 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 }
 
 /*
- * Hand a claimed batch to librdkafka if the producer can take it, keeping
- * per-key order: once a message of a key cannot be produced, the later
- * messages of that key in the batch are not produced either.  Returns
- * whether it did.
+ * Hand a claimed batch to the producer if it can take it.  Returns whether
+ * it did.  The producer keeps per-key order: once a message of a key cannot
+ * be produced, the later messages of that key in the batch are not produced
+ * either.
  */
 static bool
 produce_batch(Pipeline *p, Batch *batch)
 {
-	HTAB	   *held;
-
 	if (batch->state != BATCH_CLAIMED || !producer_ready(p->producer))
 		return false;
 
 	worker_report_state(WORKER_PUBLISHING);
-	held = make_key_set(batch->count);
-	for (int i = 0; i < batch->count; i++)
-	{
-		OutboxMessage *m = &batch->messages[i];
-
-		if (key_is_held(held, m))
-			continue;			/* outcome stays DELIVERY_NOT_SENT */
-		producer_produce(p->producer, m);
-		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
-			hold_key(held, m);
-	}
-	hash_destroy(held);
-
+	producer_produce(p->producer, batch->messages, batch->count);
 	if (worker_take_fatal_error_drill())
 		producer_simulate_fatal_error(p->producer);
 	batch->state = BATCH_IN_FLIGHT;
@@ -321,7 +307,7 @@ produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch,
 			continue;
 		}
 		m->produced_alone = true;
-		producer_produce(producer, m);
+		producer_produce(producer, m, 1);
 		healthy = producer_await_deliveries(producer);
 	}
 	return healthy;

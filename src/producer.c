@@ -1,41 +1,52 @@
 /*-------------------------------------------------------------------------
  *
  * producer.c
- *	  The worker's Kafka producer, on librdkafka.
+ *	  The worker's Kafka producer: librdkafka, run in a process of its own.
  *
- * librdkafka runs threads of its own; PostgreSQL's code is not thread-safe.
- * So the producer is made in the worker, never in the postmaster; its
- * threads start with every signal blocked, so PostgreSQL's signals reach the
- * worker's own thread only; and its logs, errors and delivery reports are
- * all queued and served on the worker's thread by rd_kafka_poll(), which is
- * the only place the callbacks below run.  So, on the worker's thread,
- * they may ereport below ERROR and report to the worker's slot; they never
- * raise an ERROR, which would unwind through librdkafka's frames.
+ * librdkafka runs in outbox_kafka (kafka_process.c), a child of the worker
+ * that is started with exec and so shares nothing with PostgreSQL: no
+ * shared memory, no descriptor but its socket and its standard error, and
+ * it is no child of the postmaster.  A crash, an abort or a runaway there,
+ * whether a setting, a broker or a bug caused it, ends that process only:
+ * the worker sees the socket close, counts what was in flight as not sent
+ * (its rows stay, to be claimed again: at most that batch is published
+ * twice), and starts another.  So no librdkafka thread runs in a PostgreSQL
+ * process; this file links librdkafka for rd_kafka_err2str() alone.
+ *
+ * Frames (kafka_wire.h) are read and written on the worker's thread, with
+ * the socket non-blocking and every wait a WaitLatchOrSocket() that leaves
+ * at once on postmaster death.  Every text that comes from the Kafka
+ * process, which may quote a configured value, passes through
+ * settings_scrub_secrets() before it reaches the log or outbox_worker.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <librdkafka/rdkafka.h>
 
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "postmaster/interrupt.h"
+#include "storage/latch.h"
 #include "utils/memutils.h"
 
+#include "kafka_wire.h"
 #include "producer.h"
 #include "settings.h"
 #include "worker_slot.h"
 
 /*
- * How long one rd_kafka_flush() in the wait for delivery reports may block:
- * short, so that a shutdown or a fatal error is seen at once.
+ * How long one wait for delivery reports may block: short, so that a
+ * shutdown or a fatal error is seen at once.
  */
-#define FLUSH_WAIT_MS 50
-
-/* How long to serve reports when librdkafka's queue is full, before trying again. */
-#define QUEUE_FULL_WAIT_MS 100
+#define REPORT_WAIT_MS 50
 
 /*
  * librdkafka reports every message within message.timeout.ms; past that and
@@ -52,22 +63,51 @@
  */
 #define WITHDRAWN_REPORT_WAIT_MS 10000
 
+/* How long a new Kafka process may take to make its producer. */
+#define PROCESS_START_TIMEOUT_MS 10000
+
+/* How long a Kafka process told to stop may take before it is killed. */
+#define PROCESS_STOP_TIMEOUT_MS 2000
+
+/*
+ * After a Kafka process died, the next one starts no sooner than this: a
+ * setting that crashes librdkafka then costs a process a second, not a busy
+ * loop.
+ */
+#define PROCESS_RESTART_PAUSE_MS 1000
+
+/* How much longer than its timeout a metadata request may take to be answered. */
+#define METADATA_REPLY_SLACK_MS 1000
+
+/* syslog levels: 0 emergency .. 4 warning; the rest is chatter */
+#define LOGGED_LIBRDKAFKA_LEVEL 4
+
+/* librdkafka's default for message.timeout.ms, which the defaults below change. */
+#define MESSAGE_TIMEOUT_PROPERTY "message.timeout.ms"
+#define MESSAGE_TIMEOUT_ALIAS "delivery.timeout.ms"
+
 struct OutboxProducer
 {
-	rd_kafka_t *rk;
+	pid_t		pid;			/* the Kafka process; 0 once reaped */
+	int			socket;			/* to it, non-blocking; -1 once closed */
+	int			stderr_pipe;	/* its standard error, read once it ended */
+	StringInfoData received;	/* bytes read, not yet a whole frame */
+	OutboxMessage **by_token;	/* the messages produced, by their token */
+	int			tokens_allocated;
+	int			tokens_used;
+	int			outstanding;	/* produced, no delivery report yet */
+	bool		ready;			/* READY came */
+	char	   *failure;		/* FAILED's reason, scrubbed */
+	bool		metadata_answered;
+	int			metadata_error;
 	char	   *brokers;		/* the settings it was made with */
 	char	   *kafka_properties;
 	int			message_timeout_ms;
-	int			outstanding;	/* produced, no delivery report yet */
-	bool		fatal;
+	bool		fatal;			/* a fatal error, or the process is gone */
 };
 
-/* librdkafka properties the promises depend on; applied last. */
-static const char *const enforced_properties[][2] = {
-	{"enable.idempotence", "true"},
-	{"acks", "all"},
-	{"log.queue", "true"},
-};
+/* When the last Kafka process died unasked; 0 if none did. */
+static TimestampTz last_unexpected_exit = 0;
 
 /*
  * Defaults a user may override in outbox.kafka_properties.  A batch is
@@ -81,85 +121,215 @@ static const char *const enforced_properties[][2] = {
  */
 static const char *const default_properties[][2] = {
 	{"client.id", "postgresql-outbox"},
-	{"message.timeout.ms", "60000"},
+	{MESSAGE_TIMEOUT_PROPERTY, "60000"},
 	{"reconnect.backoff.max.ms", "1000"},
 	{"linger.ms", "1"},
 };
 
-/*
- * Set one property.  librdkafka's message can repeat the value, which may be
- * a secret, so the error names the property only.
- */
-static bool
-set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
-			 char *errbuf, size_t errlen)
-{
-	char		ignored[256];
+/* librdkafka properties the promises depend on; applied last. */
+static const char *const enforced_properties[][2] = {
+	{"enable.idempotence", "true"},
+	{"acks", "all"},
+};
 
-	if (rd_kafka_conf_set(conf, name, value, ignored, sizeof(ignored)) != RD_KAFKA_CONF_OK)
-	{
-		snprintf(errbuf, errlen,
-				 "outbox.kafka_properties: librdkafka refuses property \"%s\" or its value", name);
-		return false;
-	}
-	return true;
-}
+static void read_available(OutboxProducer *producer);
 
-/*
- * Apply outbox.kafka_properties, split as its check split it when it was
- * set, so that the pairs are the ones the check accepted.
- */
-static bool
-set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
-{
-	List	   *properties;
-	ListCell   *lc;
-
-	if (!kafka_properties_split(outbox_kafka_properties, &properties))
-		elog(ERROR, "outbox: outbox.kafka_properties passed its check but cannot be split");
-	foreach(lc, properties)
-	{
-		KafkaProperty *property = lfirst(lc);
-
-		if (!set_property(conf, property->name, property->value, errbuf, errlen))
-			return false;
-	}
-	return true;
-}
-
-/* Called from rd_kafka_poll(), on the worker's thread. */
+/* Frames: a length, a type and a body, built in a StringInfo. */
 static void
-log_callback(const rd_kafka_t *rk, int level, const char *facility, const char *message)
+begin_frame(StringInfo frame, WireFrameType type)
 {
-	/* syslog levels: 0 emergency .. 4 warning; the rest is chatter */
-	if (level <= 4)
-		ereport(LOG,
-				(errmsg("outbox: librdkafka %s: %s", facility, message)));
+	uint32		len = 0;
+	uint8		t = type;
+
+	resetStringInfo(frame);
+	appendBinaryStringInfo(frame, (char *) &len, sizeof(len));
+	appendBinaryStringInfo(frame, (char *) &t, sizeof(t));
 }
 
-/* Called from rd_kafka_poll(), on the worker's thread. */
 static void
-error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+end_frame(StringInfo frame)
 {
-	OutboxProducer *producer = opaque;
+	uint32		len = frame->len - WIRE_FRAME_HEADER_SIZE;
 
-	if (err == RD_KAFKA_RESP_ERR__FATAL)
-	{
-		char		fatal_reason[256];
+	memcpy(frame->data, &len, sizeof(len));
+}
 
-		rd_kafka_fatal_error(rk, fatal_reason, sizeof(fatal_reason));
-		producer->fatal = true;
-		worker_report_error(LOG, "fatal producer error, rebuilding the producer: %s",
-							fatal_reason);
+static void
+put_u32(StringInfo frame, uint32 v)
+{
+	appendBinaryStringInfo(frame, (char *) &v, sizeof(v));
+}
+
+static void
+put_i64(StringInfo frame, int64 v)
+{
+	appendBinaryStringInfo(frame, (char *) &v, sizeof(v));
+}
+
+static void
+put_bytes(StringInfo frame, const char *s, int32 len)
+{
+	appendBinaryStringInfo(frame, (char *) &len, sizeof(len));
+	if (len > 0)
+		appendBinaryStringInfo(frame, s, len);
+}
+
+static void
+put_string(StringInfo frame, const char *s)
+{
+	put_bytes(frame, s, s ? (int32) strlen(s) : -1);
+}
+
+/*
+ * Wait for the socket, the postmaster's death or a timeout; events is
+ * WL_SOCKET_READABLE and/or WL_SOCKET_WRITEABLE.
+ */
+static int
+wait_for_socket(OutboxProducer *producer, int events, long timeout_ms)
+{
+	return WaitLatchOrSocket(NULL, events | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 producer->socket, Max(timeout_ms, 0), PG_WAIT_EXTENSION);
+}
+
+/* A text from the Kafka process, fit for the log and outbox_worker. */
+static char *
+scrubbed(OutboxProducer *producer, const char *text, int32 len)
+{
+	return settings_scrub_secrets(pnstrdup(text ? text : "", Max(len, 0)),
+								  producer->kafka_properties);
+}
+
+/* Read what the Kafka process wrote to its standard error, and log it. */
+static void
+log_process_stderr(OutboxProducer *producer)
+{
+	char		text[4096];
+	ssize_t		n;
+
+	if (producer->stderr_pipe < 0)
 		return;
+	n = read(producer->stderr_pipe, text, sizeof(text));
+	if (n > 0)
+		ereport(LOG,
+				(errmsg("outbox: the Kafka process wrote: %s", scrubbed(producer, text, n))));
+}
+
+/* What a wait status says of how a process ended. */
+static char *
+describe_exit(int status)
+{
+	if (WIFSIGNALED(status))
+		return psprintf("was terminated by signal %d: %s",
+						WTERMSIG(status), pg_strsignal(WTERMSIG(status)));
+	return psprintf("exited with exit code %d", WEXITSTATUS(status));
+}
+
+/*
+ * Reap the Kafka process, killing it if it does not end within timeout_ms.
+ * Returns how it ended.
+ */
+static char *
+reap_process(OutboxProducer *producer, long timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	int			status = 0;
+
+	while (waitpid(producer->pid, &status, WNOHANG) == 0)
+	{
+		if (GetCurrentTimestamp() >= deadline)
+		{
+			kill(producer->pid, SIGKILL);
+			(void) waitpid(producer->pid, &status, 0);
+			break;
+		}
+		(void) WaitLatch(NULL, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10, PG_WAIT_EXTENSION);
 	}
-	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
-		err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
-		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
-		err == RD_KAFKA_RESP_ERR__RESOLVE)
-		worker_report_brokers_reachable(false);
-	/* librdkafka's log, served by log_callback, says it already */
-	worker_report_error(DEBUG1, "%s", reason);
+	producer->pid = 0;
+	log_process_stderr(producer);
+	return describe_exit(status);
+}
+
+/*
+ * The Kafka process is gone, or has to go: every message it had in hand
+ * stays to be claimed again (it may have reached Kafka: at most this batch
+ * is published twice).
+ */
+static void
+process_gone(OutboxProducer *producer)
+{
+	if (producer->socket < 0)
+		return;
+	close(producer->socket);
+	producer->socket = -1;
+	producer->fatal = true;
+	for (int i = 0; i < producer->tokens_used; i++)
+	{
+		OutboxMessage *m = producer->by_token[i];
+
+		if (m && m->outcome == DELIVERY_PENDING)
+		{
+			m->outcome = DELIVERY_NOT_SENT;
+			m->possibly_persisted = true;
+		}
+	}
+	producer->outstanding = 0;
+	if (producer->pid != 0)
+	{
+		char	   *how = reap_process(producer, PROCESS_STOP_TIMEOUT_MS);
+
+		last_unexpected_exit = GetCurrentTimestamp();
+		worker_report_error(LOG, "the Kafka process %s; starting another", how);
+	}
+}
+
+/*
+ * Write a frame whole.  The Kafka process always reads; one that takes no
+ * byte for a whole message timeout is hung, and is killed.
+ */
+static void
+send_frame(OutboxProducer *producer, StringInfo frame)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   producer->message_timeout_ms);
+	int			sent = 0;
+
+	end_frame(frame);
+	while (producer->socket >= 0 && sent < frame->len)
+	{
+		ssize_t		n = write(producer->socket, frame->data + sent, frame->len - sent);
+
+		if (n > 0)
+		{
+			sent += n;
+			deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												   producer->message_timeout_ms);
+			continue;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			process_gone(producer);
+		else if (GetCurrentTimestamp() >= deadline)
+		{
+			kill(producer->pid, SIGKILL);
+			process_gone(producer);
+		}
+		else if (wait_for_socket(producer, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE,
+								 REPORT_WAIT_MS) & WL_SOCKET_READABLE)
+			read_available(producer);
+	}
+}
+
+/* A short frame: a type and at most one integer. */
+static void
+send_request(OutboxProducer *producer, WireFrameType type, bool with_value, uint32 value)
+{
+	StringInfoData frame;
+
+	initStringInfo(&frame);
+	begin_frame(&frame, type);
+	if (with_value)
+		put_u32(&frame, value);
+	send_frame(producer, &frame);
+	pfree(frame.data);
 }
 
 /*
@@ -192,110 +362,387 @@ classify_error(rd_kafka_resp_err_t err)
 	}
 }
 
-/* Called from rd_kafka_poll(), on the worker's thread. */
 static void
-delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *rkmessage, void *opaque)
+handle_delivery(OutboxProducer *producer, WireReader *r)
 {
-	OutboxProducer *producer = opaque;
-	OutboxMessage *message = rkmessage->_private;
+	uint32		token = wire_u32(r);
+	rd_kafka_resp_err_t err = wire_i32(r);
+	WireDeliveryStatus status = wire_u8(r);
+	int32		partition = wire_i32(r);
+	int64		offset = wire_i64(r);
+	OutboxMessage *m;
 
+	if (r->failed || token >= (uint32) producer->tokens_used ||
+		(m = producer->by_token[token]) == NULL || m->outcome != DELIVERY_PENDING)
+		return;					/* not one of this batch's: withdrawn already */
+	producer->by_token[token] = NULL;
 	producer->outstanding--;
-	message->outcome = classify_error(rkmessage->err);
-	message->error_code = rkmessage->err;
-	message->error = rd_kafka_err2str(rkmessage->err);
-	message->partition = rkmessage->partition;
-	message->offset = rkmessage->offset;
-	message->possibly_persisted =
-		rd_kafka_message_status(rkmessage) != RD_KAFKA_MSG_STATUS_NOT_PERSISTED;
+	m->outcome = status == DELIVERY_STATUS_HELD ? DELIVERY_NOT_SENT : classify_error(err);
+	m->error_code = err;
+	m->error = rd_kafka_err2str(err);
+	m->partition = partition;
+	m->offset = offset;
+	m->possibly_persisted = status != DELIVERY_STATUS_NOT_PERSISTED &&
+		status != DELIVERY_STATUS_HELD;
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+		producer->fatal = true;
 }
 
-/*
- * librdkafka's configuration: the defaults, then outbox.kafka_properties,
- * then the brokers and the enforced properties.  NULL, with the reason in
- * errbuf, if librdkafka refuses one.
- */
-static rd_kafka_conf_t *
-make_conf(char *errbuf, size_t errlen)
+static void
+handle_log(OutboxProducer *producer, WireReader *r)
 {
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	bool		ok = true;
+	int32		level = wire_i32(r);
+	int32		facility_len;
+	int32		message_len;
+	const char *facility = wire_string(r, &facility_len);
+	const char *message = wire_string(r, &message_len);
 
-	for (int i = 0; ok && i < (int) lengthof(default_properties); i++)
-		ok = set_property(conf, default_properties[i][0], default_properties[i][1],
-						  errbuf, errlen);
-	ok = ok && set_user_properties(conf, errbuf, errlen);
-	ok = ok && set_property(conf, "bootstrap.servers", outbox_brokers, errbuf, errlen);
-	for (int i = 0; ok && i < (int) lengthof(enforced_properties); i++)
-		ok = set_property(conf, enforced_properties[i][0], enforced_properties[i][1],
-						  errbuf, errlen);
-	if (ok)
-		return conf;
-	rd_kafka_conf_destroy(conf);
-	return NULL;
+	if (!r->failed && level <= LOGGED_LIBRDKAFKA_LEVEL)
+		ereport(LOG,
+				(errmsg("outbox: librdkafka %s: %s",
+						scrubbed(producer, facility, facility_len),
+						scrubbed(producer, message, message_len))));
+}
+
+static void
+handle_error(OutboxProducer *producer, WireReader *r)
+{
+	int32		err = wire_i32(r);
+	int32		reason_len;
+	const char *reason = wire_string(r, &reason_len);
+	char	   *text;
+
+	if (r->failed)
+		return;
+	text = scrubbed(producer, reason, reason_len);
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	{
+		producer->fatal = true;
+		worker_report_error(LOG, "fatal producer error, rebuilding the producer: %s", text);
+		return;
+	}
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
+		err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+		err == RD_KAFKA_RESP_ERR__RESOLVE)
+		worker_report_brokers_reachable(false);
+	/* librdkafka's log, which handle_log serves, says it already */
+	worker_report_error(DEBUG1, "%s", text);
+}
+
+static void
+handle_frame(OutboxProducer *producer, uint8 type, const char *body, uint32 len)
+{
+	WireReader	r;
+	int32		text_len;
+	const char *text;
+
+	wire_reader_init(&r, body, len);
+	switch (type)
+	{
+		case WIRE_READY:
+			producer->ready = true;
+			break;
+		case WIRE_FAILED:
+			text = wire_string(&r, &text_len);
+			producer->failure = MemoryContextStrdup(TopMemoryContext,
+													scrubbed(producer, text, text_len));
+			break;
+		case WIRE_DELIVERY:
+			handle_delivery(producer, &r);
+			break;
+		case WIRE_LOG:
+			handle_log(producer, &r);
+			break;
+		case WIRE_ERROR:
+			handle_error(producer, &r);
+			break;
+		case WIRE_METADATA_REPLY:
+			producer->metadata_error = wire_i32(&r);
+			producer->metadata_answered = true;
+			break;
+		default:
+			elog(LOG, "outbox: unknown frame type %d from the Kafka process", type);
+			break;
+	}
+}
+
+/* Handle each whole frame received; keep the rest for later. */
+static void
+handle_received_frames(OutboxProducer *producer)
+{
+	StringInfo	in = &producer->received;
+	int			done = 0;
+
+	while (in->len - done >= WIRE_FRAME_HEADER_SIZE)
+	{
+		uint32		len;
+
+		memcpy(&len, in->data + done, sizeof(len));
+		if (len > WIRE_MAX_FRAME_SIZE)
+		{
+			kill(producer->pid, SIGKILL);
+			process_gone(producer);
+			return;
+		}
+		if ((uint32) (in->len - done) < WIRE_FRAME_HEADER_SIZE + len)
+			break;
+		handle_frame(producer, (uint8) in->data[done + 4],
+					 in->data + done + WIRE_FRAME_HEADER_SIZE, len);
+		done += WIRE_FRAME_HEADER_SIZE + len;
+	}
+	memmove(in->data, in->data + done, in->len - done);
+	in->len -= done;
+}
+
+/* Read whatever the Kafka process has sent, without waiting, and handle it. */
+static void
+read_available(OutboxProducer *producer)
+{
+	char		chunk[65536];
+
+	while (producer->socket >= 0)
+	{
+		ssize_t		n = read(producer->socket, chunk, sizeof(chunk));
+
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			break;
+		if (n <= 0)
+		{
+			process_gone(producer);
+			break;
+		}
+		appendBinaryStringInfo(&producer->received, chunk, n);
+		handle_received_frames(producer);
+	}
+}
+
+/* The value of message.timeout.ms the producer gets. */
+static int
+message_timeout_of(List *properties)
+{
+	int			timeout_ms = 0;
+	ListCell   *lc;
+
+	foreach(lc, properties)
+	{
+		KafkaProperty *property = lfirst(lc);
+
+		if (strcmp(property->name, MESSAGE_TIMEOUT_PROPERTY) == 0 ||
+			strcmp(property->name, MESSAGE_TIMEOUT_ALIAS) == 0)
+			timeout_ms = atoi(property->value);
+	}
+	return timeout_ms;
+}
+
+static void
+append_property(List **properties, const char *name, const char *value)
+{
+	KafkaProperty *property = palloc(sizeof(KafkaProperty));
+
+	property->name = pstrdup(name);
+	property->value = pstrdup(value);
+	*properties = lappend(*properties, property);
 }
 
 /*
- * Make a producer from the current settings.  On failure returns NULL with
- * the reason in errbuf.
+ * librdkafka's configuration, in the order it is applied: the defaults, then
+ * outbox.kafka_properties, then the brokers and the enforced properties.
+ */
+static List *
+producer_properties(void)
+{
+	List	   *properties = NIL;
+	List	   *user;
+
+	for (int i = 0; i < (int) lengthof(default_properties); i++)
+		append_property(&properties, default_properties[i][0], default_properties[i][1]);
+	if (!kafka_properties_split(outbox_kafka_properties, &user))
+		elog(ERROR, "outbox: outbox.kafka_properties passed its check but cannot be split");
+	properties = list_concat(properties, user);
+	append_property(&properties, "bootstrap.servers", outbox_brokers);
+	for (int i = 0; i < (int) lengthof(enforced_properties); i++)
+		append_property(&properties, enforced_properties[i][0], enforced_properties[i][1]);
+	return properties;
+}
+
+static void
+send_configuration(OutboxProducer *producer, List *properties)
+{
+	StringInfoData frame;
+	ListCell   *lc;
+
+	initStringInfo(&frame);
+	begin_frame(&frame, WIRE_CONFIGURE);
+	put_u32(&frame, list_length(properties));
+	foreach(lc, properties)
+	{
+		KafkaProperty *property = lfirst(lc);
+
+		put_string(&frame, property->name);
+		put_string(&frame, property->value);
+	}
+	send_frame(producer, &frame);
+	pfree(frame.data);
+}
+
+/*
+ * Start outbox_kafka with a socket as its standard input and a pipe as its
+ * standard error; nothing else of this process's stays open in it.  Every
+ * signal is blocked from the fork to the exec, so that no PostgreSQL
+ * handler runs in the child; the Kafka process sets its own.
+ */
+static bool
+spawn_process(OutboxProducer *producer, char *errbuf, size_t errlen)
+{
+	char		path[MAXPGPATH];
+	int			sockets[2];
+	int			stderr_pipe[2];
+	sigset_t	all_signals;
+	sigset_t	saved_signals;
+
+	snprintf(path, sizeof(path), "%s/%s", pkglib_path, KAFKA_PROCESS_NAME);
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) != 0 ||
+		pipe2(stderr_pipe, O_CLOEXEC) != 0)
+	{
+		snprintf(errbuf, errlen, "cannot make a socket for the Kafka process: %m");
+		return false;
+	}
+
+	sigfillset(&all_signals);
+	sigprocmask(SIG_BLOCK, &all_signals, &saved_signals);
+	producer->pid = fork();
+	if (producer->pid == 0)
+	{
+		int			devnull = open("/dev/null", O_WRONLY);
+
+		if (dup2(sockets[1], KAFKA_PROCESS_SOCKET_FD) < 0 ||
+			dup2(devnull, STDOUT_FILENO) < 0 ||
+			dup2(stderr_pipe[1], STDERR_FILENO) < 0)
+			_exit(127);
+		close_range(STDERR_FILENO + 1, ~0U, 0);
+		execl(path, KAFKA_PROCESS_NAME, (char *) NULL);
+		_exit(127);
+	}
+	sigprocmask(SIG_SETMASK, &saved_signals, NULL);
+	close(sockets[1]);
+	close(stderr_pipe[1]);
+	producer->socket = sockets[0];
+	producer->stderr_pipe = stderr_pipe[0];
+	if (producer->pid < 0)
+	{
+		snprintf(errbuf, errlen, "cannot start the Kafka process: %m");
+		producer->pid = 0;
+		return false;
+	}
+	if (fcntl(producer->socket, F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->stderr_pipe, F_SETFL, O_NONBLOCK) != 0)
+		elog(ERROR, "outbox: cannot make the Kafka process's socket non-blocking: %m");
+	return true;
+}
+
+/* Wait until the new Kafka process says whether it made its producer. */
+static bool
+await_ready(OutboxProducer *producer, char *errbuf, size_t errlen)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   PROCESS_START_TIMEOUT_MS);
+
+	while (!producer->ready && producer->failure == NULL && producer->socket >= 0)
+	{
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+
+		if (left <= 0)
+		{
+			snprintf(errbuf, errlen, "the Kafka process did not start within %d ms",
+					 PROCESS_START_TIMEOUT_MS);
+			return false;
+		}
+		if (wait_for_socket(producer, WL_SOCKET_READABLE, left) & WL_SOCKET_READABLE)
+			read_available(producer);
+	}
+	if (producer->ready)
+		return true;
+	snprintf(errbuf, errlen, "%s",
+			 producer->failure ? producer->failure : "the Kafka process ended at start");
+	return false;
+}
+
+/* Free what a producer holds; its process must be gone. */
+static void
+free_producer(OutboxProducer *producer)
+{
+	if (producer->stderr_pipe >= 0)
+		close(producer->stderr_pipe);
+	pfree(producer->received.data);
+	if (producer->by_token)
+		pfree(producer->by_token);
+	if (producer->failure)
+		pfree(producer->failure);
+	pfree(producer->brokers);
+	pfree(producer->kafka_properties);
+	pfree(producer);
+}
+
+/* After an unasked exit, the next process waits its turn. */
+static void
+pause_after_unexpected_exit(void)
+{
+	long		since = TimestampDifferenceMilliseconds(last_unexpected_exit,
+														GetCurrentTimestamp());
+
+	if (last_unexpected_exit != 0 && since < PROCESS_RESTART_PAUSE_MS)
+		(void) WaitLatch(NULL, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 PROCESS_RESTART_PAUSE_MS - since, PG_WAIT_EXTENSION);
+}
+
+/*
+ * Make a producer from the current settings: start a Kafka process and
+ * wait until it has made its producer.  On failure returns NULL with the
+ * reason in errbuf.
  */
 OutboxProducer *
 producer_create(char *errbuf, size_t errlen)
 {
-	rd_kafka_conf_t *conf = make_conf(errbuf, errlen);
+	List	   *properties = producer_properties();
 	OutboxProducer *producer;
-	sigset_t	all_signals;
-	sigset_t	saved_signals;
-	char		value[64];
-	size_t		value_len = sizeof(value);
-
-	if (conf == NULL)
-		return NULL;
+	MemoryContext caller = MemoryContextSwitchTo(TopMemoryContext);
 
 	/* it lives from turn to turn, until the worker destroys it */
-	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(OutboxProducer));
-	producer->brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
-	producer->kafka_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
-	if (rd_kafka_conf_get(conf, "message.timeout.ms", value, &value_len) == RD_KAFKA_CONF_OK)
-		producer->message_timeout_ms = atoi(value);
+	producer = palloc0(sizeof(OutboxProducer));
+	producer->socket = -1;
+	producer->stderr_pipe = -1;
+	initStringInfo(&producer->received);
+	producer->brokers = pstrdup(outbox_brokers);
+	producer->kafka_properties = pstrdup(outbox_kafka_properties);
+	producer->message_timeout_ms = message_timeout_of(properties);
+	MemoryContextSwitchTo(caller);
 
-	rd_kafka_conf_set_opaque(conf, producer);
-	rd_kafka_conf_set_log_cb(conf, log_callback);
-	rd_kafka_conf_set_error_cb(conf, error_callback);
-	rd_kafka_conf_set_dr_msg_cb(conf, delivery_callback);
-
-	/* librdkafka's threads inherit this mask: keep PostgreSQL's signals off them */
-	sigfillset(&all_signals);
-	pthread_sigmask(SIG_BLOCK, &all_signals, &saved_signals);
-	producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
-	pthread_sigmask(SIG_SETMASK, &saved_signals, NULL);
-
-	if (producer->rk == NULL)
+	pause_after_unexpected_exit();
+	if (spawn_process(producer, errbuf, errlen))
 	{
-		/* rd_kafka_new() took no ownership of conf on failure */
-		rd_kafka_conf_destroy(conf);
-		pfree(producer->brokers);
-		pfree(producer->kafka_properties);
-		pfree(producer);
-		return NULL;
+		send_configuration(producer, properties);
+		if (await_ready(producer, errbuf, errlen))
+			return producer;
 	}
-
-	/* Serve librdkafka's log lines from the main queue, on this thread. */
-	rd_kafka_set_log_queue(producer->rk, NULL);
-	return producer;
+	producer_destroy(producer);
+	return NULL;
 }
 
+/* Stop the Kafka process, which withdraws what it still holds, and free the producer. */
 void
 producer_destroy(OutboxProducer *producer)
 {
 	if (producer == NULL)
 		return;
-	/* Withdraw whatever is still queued so that destroy does not wait for it. */
-	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-	rd_kafka_poll(producer->rk, 0);
-	rd_kafka_destroy(producer->rk);
-	pfree(producer->brokers);
-	pfree(producer->kafka_properties);
-	pfree(producer);
+	if (producer->socket >= 0)
+	{
+		close(producer->socket);
+		producer->socket = -1;
+	}
+	if (producer->pid != 0)
+		(void) reap_process(producer, PROCESS_STOP_TIMEOUT_MS);
+	free_producer(producer);
 }
 
 /* Do outbox.brokers or outbox.kafka_properties differ from the producer's? */
@@ -312,11 +759,11 @@ producer_failed_fatally(OutboxProducer *producer)
 	return producer->fatal;
 }
 
-/* Serve queued logs, errors and reports without waiting. */
+/* Serve what the Kafka process has sent without waiting. */
 void
 producer_serve_events(OutboxProducer *producer)
 {
-	rd_kafka_poll(producer->rk, 0);
+	read_available(producer);
 }
 
 /*
@@ -326,94 +773,99 @@ producer_serve_events(OutboxProducer *producer)
 bool
 producer_brokers_reachable(OutboxProducer *producer, int timeout_ms)
 {
-	const struct rd_kafka_metadata *metadata;
-	rd_kafka_resp_err_t err;
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   timeout_ms + METADATA_REPLY_SLACK_MS);
 
-	err = rd_kafka_metadata(producer->rk, 0, NULL, &metadata, timeout_ms);
-	rd_kafka_poll(producer->rk, 0);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		return false;
-	rd_kafka_metadata_destroy(metadata);
-	return true;
+	producer->metadata_answered = false;
+	send_request(producer, WIRE_METADATA, true, timeout_ms);
+	while (!producer->metadata_answered && producer->socket >= 0)
+	{
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+
+		if (left <= 0)
+			return false;
+		if (wait_for_socket(producer, WL_SOCKET_READABLE, left) & WL_SOCKET_READABLE)
+			read_available(producer);
+	}
+	return producer->metadata_answered && producer->metadata_error == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 /* Kafka record headers: the message's own, then outbox-message-id. */
-static rd_kafka_headers_t *
-make_headers(OutboxMessage *message)
+static void
+put_headers(StringInfo frame, OutboxMessage *message)
 {
-	rd_kafka_headers_t *headers;
-	size_t		count = 1;
+	uint32		count = 1;
 
 	if (message->headers)
 		count += JB_ROOT_COUNT(message->headers);
-	headers = rd_kafka_headers_new(count);
+	put_u32(frame, count);
 
 	if (message->headers)
 	{
 		JsonbIterator *it = JsonbIteratorInit(&message->headers->root);
 		JsonbValue	v;
 		JsonbIteratorToken token;
-		JsonbValue	name = {0};
 
 		while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 		{
 			if (token == WJB_KEY)
-				name = v;
+				put_bytes(frame, v.val.string.val, v.val.string.len);
+			else if (token == WJB_VALUE && v.type == jbvString)
+				put_bytes(frame, v.val.string.val, v.val.string.len);
 			else if (token == WJB_VALUE)
-				rd_kafka_header_add(headers,
-									name.val.string.val, name.val.string.len,
-									v.type == jbvString ? v.val.string.val : NULL,
-									v.type == jbvString ? v.val.string.len : 0);
+				put_bytes(frame, NULL, -1);
 		}
 	}
-	rd_kafka_header_add(headers, MESSAGE_ID_HEADER, -1, message->message_id, -1);
-	return headers;
+	put_string(frame, MESSAGE_ID_HEADER);
+	put_string(frame, message->message_id);
+}
+
+/* Give the message a token, by which its delivery report finds it. */
+static uint32
+take_token(OutboxProducer *producer, OutboxMessage *message)
+{
+	if (producer->outstanding == 0)
+		producer->tokens_used = 0;
+	if (producer->tokens_used == producer->tokens_allocated)
+	{
+		producer->tokens_allocated = Max(producer->tokens_allocated * 2, 1024);
+		producer->by_token = producer->by_token ?
+			repalloc(producer->by_token, producer->tokens_allocated * sizeof(OutboxMessage *)) :
+			MemoryContextAlloc(TopMemoryContext,
+							   producer->tokens_allocated * sizeof(OutboxMessage *));
+	}
+	producer->by_token[producer->tokens_used] = message;
+	return producer->tokens_used++;
 }
 
 /*
- * Hand one message to librdkafka.  A message librdkafka refuses at once gets
- * its outcome now; the others are DELIVERY_PENDING until their report.
+ * Hand messages to the Kafka process, in one frame, in their order.  Each
+ * is DELIVERY_PENDING until its report; the Kafka process keeps their
+ * per-key order when librdkafka refuses one at once.
  */
 void
-producer_produce(OutboxProducer *producer, OutboxMessage *message)
+producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 {
-	rd_kafka_headers_t *headers = make_headers(message);
-	rd_kafka_resp_err_t err;
+	StringInfoData frame;
 
-	for (;;)
+	initStringInfo(&frame);
+	begin_frame(&frame, WIRE_PRODUCE);
+	put_u32(&frame, count);
+	for (int i = 0; i < count; i++)
 	{
-		err = rd_kafka_producev(producer->rk,
-								RD_KAFKA_V_TOPIC(message->topic),
-								RD_KAFKA_V_KEY(message->key,
-											   message->key ? strlen(message->key) : 0),
-								RD_KAFKA_V_VALUE(message->payload, message->payload_len),
-								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-								RD_KAFKA_V_TIMESTAMP(message->timestamp_ms),
-								RD_KAFKA_V_HEADERS(headers),
-								RD_KAFKA_V_OPAQUE(message),
-								RD_KAFKA_V_END);
-		if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
-			break;
-		/* librdkafka's queue is full: serve reports to make room */
-		rd_kafka_poll(producer->rk, QUEUE_FULL_WAIT_MS);
-	}
+		OutboxMessage *m = &messages[i];
 
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		message->outcome = DELIVERY_PENDING;
+		put_u32(&frame, take_token(producer, m));
+		put_i64(&frame, m->timestamp_ms);
+		put_string(&frame, m->topic);
+		put_string(&frame, m->key);
+		put_bytes(&frame, m->payload, m->payload_len);
+		put_headers(&frame, m);
+		m->outcome = DELIVERY_PENDING;
 		producer->outstanding++;
 	}
-	else
-	{
-		/* the headers are still ours when producev fails */
-		rd_kafka_headers_destroy(headers);
-		message->outcome = classify_error(err);
-		message->error_code = err;
-		message->error = rd_kafka_err2str(err);
-		message->possibly_persisted = false;
-		if (err == RD_KAFKA_RESP_ERR__FATAL)
-			producer->fatal = true;
-	}
+	send_frame(producer, &frame);
+	pfree(frame.data);
 }
 
 /*
@@ -438,8 +890,8 @@ producer_await_deliveries(OutboxProducer *producer)
 	{
 		TimestampTz now;
 
-		/* flush, unlike poll, sends at once what linger.ms would hold back */
-		rd_kafka_flush(producer->rk, FLUSH_WAIT_MS);
+		if (wait_for_socket(producer, WL_SOCKET_READABLE, REPORT_WAIT_MS) & WL_SOCKET_READABLE)
+			read_available(producer);
 		now = GetCurrentTimestamp();
 
 		/* at shutdown, a batch Kafka has in hand gets a moment to be acknowledged */
@@ -448,7 +900,7 @@ producer_await_deliveries(OutboxProducer *producer)
 
 		if (withdrawn_at == 0 && (producer->fatal || now >= deadline))
 		{
-			rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+			send_request(producer, WIRE_PURGE, false, 0);
 			withdrawn_at = now;
 		}
 		else if (withdrawn_at != 0 &&
@@ -475,6 +927,5 @@ producer_refused_for_size(const OutboxMessage *message)
 void
 producer_simulate_fatal_error(OutboxProducer *producer)
 {
-	rd_kafka_test_fatal_error(producer->rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-							  "simulated by outbox_simulate_fatal_error()");
+	send_request(producer, WIRE_TEST_FATAL, false, 0);
 }

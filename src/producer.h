@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * producer.h
- *	  The worker's Kafka producer (librdkafka): configuration, producing a
- *	  batch, delivery reports, and what each Kafka error means for a message.
+ *	  The worker's Kafka producer (librdkafka, in a process of its own):
+ *	  configuration, producing a batch, delivery reports, and what each Kafka
+ *	  error means for a message.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,7 +20,7 @@ extern bool producer_settings_changed(OutboxProducer *producer);
 extern bool producer_failed_fatally(OutboxProducer *producer);
 extern void producer_serve_events(OutboxProducer *producer);
 extern bool producer_brokers_reachable(OutboxProducer *producer, int timeout_ms);
-extern void producer_produce(OutboxProducer *producer, OutboxMessage *message);
+extern void producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count);
 extern bool producer_await_deliveries(OutboxProducer *producer);
 extern bool producer_refused_for_size(const OutboxMessage *message);
 extern void producer_simulate_fatal_error(OutboxProducer *producer);

@@ -45,8 +45,14 @@ int			outbox_poll_interval = DEFAULT_POLL_INTERVAL_MS;
 int			outbox_max_record_size = DEFAULT_MAX_RECORD_SIZE;
 int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
 
-/* The mask SHOW puts on every value of outbox.kafka_properties. */
+/*
+ * The mask SHOW puts on every value of outbox.kafka_properties, and that
+ * settings_scrub_secrets() puts on them in librdkafka's texts.
+ */
 #define MASKED_VALUE "********"
+
+/* What separates the words of a property's value. */
+#define SECRET_WORD_SEPARATORS " \t\n,;="
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
 
@@ -258,6 +264,93 @@ show_kafka_properties(void)
 						 shown.len > 0 ? "; " : "", property->name);
 	}
 	return shown.data;
+}
+
+/* Does the text have a word character at pos?  Secrets are matched as whole words. */
+static bool
+word_char_at(const char *text, size_t len, size_t pos)
+{
+	return pos < len && isalnum((unsigned char) text[pos]);
+}
+
+/* Longer secrets first, so that a value goes whole before its words do. */
+static int
+compare_length_descending(const ListCell *a, const ListCell *b)
+{
+	return (int) strlen(lfirst(b)) - (int) strlen(lfirst(a));
+}
+
+/*
+ * Everything of these outbox.kafka_properties that may be a secret: each
+ * value, and each word of it (a value such as sasl.oauthbearer.config holds
+ * several, which librdkafka quotes one by one).
+ */
+static List *
+secrets_of(const char *kafka_properties)
+{
+	List	   *properties;
+	List	   *secrets = NIL;
+	ListCell   *lc;
+
+	if (!kafka_properties_split(kafka_properties, &properties))
+		return NIL;
+	foreach(lc, properties)
+	{
+		KafkaProperty *property = lfirst(lc);
+		char	   *words = pstrdup(property->value);
+		char	   *saveptr;
+
+		if (property->value[0] != '\0')
+			secrets = lappend(secrets, property->value);
+		for (char *word = strtok_r(words, SECRET_WORD_SEPARATORS, &saveptr); word;
+			 word = strtok_r(NULL, SECRET_WORD_SEPARATORS, &saveptr))
+			secrets = lappend(secrets, word);
+	}
+	list_sort(secrets, compare_length_descending);
+	return secrets;
+}
+
+/*
+ * A copy of text in which every value of kafka_properties, and every word
+ * of one, is replaced by MASKED_VALUE wherever it stands as a whole word.
+ * librdkafka may quote a configured value in an error or a log line, and
+ * which properties hold secrets changes with its releases, so every text
+ * from librdkafka goes through this before the log or outbox_worker.
+ */
+char *
+settings_scrub_secrets(const char *text, const char *kafka_properties)
+{
+	List	   *secrets = secrets_of(kafka_properties);
+	size_t		len = strlen(text);
+	StringInfoData scrubbed;
+
+	initStringInfo(&scrubbed);
+	for (size_t pos = 0; pos < len;)
+	{
+		ListCell   *lc;
+		size_t		matched = 0;
+
+		if (pos == 0 || !word_char_at(text, len, pos - 1))
+			foreach(lc, secrets)
+			{
+				size_t		secret_len = strlen(lfirst(lc));
+
+				if (strncmp(text + pos, lfirst(lc), secret_len) == 0 &&
+					!word_char_at(text, len, pos + secret_len))
+				{
+					matched = secret_len;
+					break;
+				}
+			}
+		if (matched > 0)
+		{
+			appendStringInfoString(&scrubbed, MASKED_VALUE);
+			pos += matched;
+		}
+		else
+			appendStringInfoChar(&scrubbed, text[pos++]);
+	}
+	return scrubbed.data;
 }
 
 /*

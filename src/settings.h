@@ -31,5 +31,6 @@ typedef struct KafkaProperty
 
 extern void settings_init(void);
 extern bool kafka_properties_split(const char *setting, List **properties);
+extern char *settings_scrub_secrets(const char *text, const char *kafka_properties);
 
 #endif							/* OUTBOX_SETTINGS_H */

@@ -1,0 +1,615 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka_process.c
+ *	  outbox_kafka: the process in which the publishing worker's Kafka
+ *	  producer runs.
+ *
+ * The worker starts it (producer.c) with a socket as its standard input, and
+ * the pipe it reads as its standard error; kafka_wire.h says what they say.
+ * It is the worker's child, not the postmaster's: if librdkafka crashes,
+ * aborts or runs away with memory here, PostgreSQL sees nothing, and the
+ * worker starts another one and claims again what was not acknowledged.
+ * It exits when the worker closes the socket or dies.
+ *
+ * One thread of ours: it reads the worker's frames, produces, and serves
+ * librdkafka's queue, on which logs, errors and delivery reports all arrive
+ * (log.queue=true), so the callbacks below run on it and only append to the
+ * buffer of what goes back to the worker.  Writes to the worker never block:
+ * what the socket does not take now waits in that buffer, so the worker may
+ * block writing a batch without either side waiting for the other.
+ *
+ * This file links librdkafka and libc only, no PostgreSQL code.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <librdkafka/rdkafka.h>
+
+#include "kafka_wire.h"
+
+/*
+ * How long one rd_kafka_flush() may block while messages are outstanding:
+ * flush, unlike poll, sends at once what linger.ms would hold back; short,
+ * so that the worker's frames are read soon.
+ */
+#define FLUSH_SLICE_MS 10
+
+/* How long to serve reports when librdkafka's queue is full, before trying again. */
+#define QUEUE_FULL_WAIT_MS 100
+
+/* How long to wait for the worker when nothing is outstanding. */
+#define IDLE_WAIT_MS 1000
+
+/* How large the read buffer grows at first. */
+#define INITIAL_BUFFER_SIZE 65536
+
+/* A growing byte buffer. */
+typedef struct Buffer
+{
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+} Buffer;
+
+static rd_kafka_t *rk;
+static Buffer to_worker;		/* frames not yet written to the socket */
+static int	outstanding;		/* produced, no delivery report yet */
+static int	wake_fds[2];		/* librdkafka writes to [1] when its queue fills */
+
+static void
+die(const char *what)
+{
+	fprintf(stderr, "%s: %s\n", KAFKA_PROCESS_NAME, what);
+	exit(1);
+}
+
+static void
+reserve(Buffer *b, size_t more)
+{
+	if (b->len + more <= b->cap)
+		return;
+	while (b->len + more > b->cap)
+		b->cap = b->cap ? b->cap * 2 : INITIAL_BUFFER_SIZE;
+	if ((b->data = realloc(b->data, b->cap)) == NULL)
+		die("out of memory");
+}
+
+static void
+put(const void *bytes, size_t len)
+{
+	reserve(&to_worker, len);
+	memcpy(to_worker.data + to_worker.len, bytes, len);
+	to_worker.len += len;
+}
+
+static void
+put_i32(int32_t v)
+{
+	put(&v, sizeof(v));
+}
+
+static void
+put_string(const char *s)
+{
+	int32_t		len = s ? (int32_t) strlen(s) : -1;
+
+	put_i32(len);
+	if (s)
+		put(s, len);
+}
+
+/* Start a frame; end_frame() fills in its length once the body is put. */
+static size_t
+begin_frame(WireFrameType type)
+{
+	size_t		start = to_worker.len;
+	uint32_t	len = 0;
+	uint8_t		t = type;
+
+	put(&len, sizeof(len));
+	put(&t, sizeof(t));
+	return start;
+}
+
+static void
+end_frame(size_t start)
+{
+	uint32_t	len = to_worker.len - start - WIRE_FRAME_HEADER_SIZE;
+
+	memcpy(to_worker.data + start, &len, sizeof(len));
+}
+
+/* Write what the socket takes now; the rest waits for the next pass. */
+static void
+write_to_worker(void)
+{
+	while (to_worker.len > 0)
+	{
+		ssize_t		n = write(KAFKA_PROCESS_SOCKET_FD, to_worker.data, to_worker.len);
+
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+		if (n <= 0)
+			exit(0);			/* the worker is gone */
+		memmove(to_worker.data, to_worker.data + n, to_worker.len - n);
+		to_worker.len -= n;
+	}
+}
+
+static void
+report_delivery(uint32_t token, rd_kafka_resp_err_t err, WireDeliveryStatus status,
+				int32_t partition, int64_t offset)
+{
+	size_t		frame = begin_frame(WIRE_DELIVERY);
+	uint8_t		s = status;
+
+	put(&token, sizeof(token));
+	put_i32(err);
+	put(&s, sizeof(s));
+	put_i32(partition);
+	put(&offset, sizeof(offset));
+	end_frame(frame);
+}
+
+static void
+report_text(WireFrameType type, int32_t code, const char *facility, const char *text)
+{
+	size_t		frame = begin_frame(type);
+
+	if (type != WIRE_FAILED)
+		put_i32(code);
+	if (type == WIRE_LOG)
+		put_string(facility);
+	put_string(text);
+	end_frame(frame);
+}
+
+static void
+log_callback(const rd_kafka_t *rk, int level, const char *facility, const char *message)
+{
+	report_text(WIRE_LOG, level, facility, message);
+}
+
+static void
+error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	char		fatal_reason[512];
+
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	{
+		rd_kafka_fatal_error(rk, fatal_reason, sizeof(fatal_reason));
+		reason = fatal_reason;
+	}
+	report_text(WIRE_ERROR, err, NULL, reason);
+}
+
+static void
+delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+	rd_kafka_msg_status_t status = rd_kafka_message_status(m);
+
+	outstanding--;
+	report_delivery((uint32_t) (uintptr_t) m->_private, m->err,
+					status == RD_KAFKA_MSG_STATUS_NOT_PERSISTED ? DELIVERY_STATUS_NOT_PERSISTED :
+					status == RD_KAFKA_MSG_STATUS_PERSISTED ? DELIVERY_STATUS_PERSISTED :
+					DELIVERY_STATUS_POSSIBLY_PERSISTED,
+					m->partition, m->offset);
+}
+
+/*
+ * Read one whole frame from the socket, blocking: only the first, the
+ * configuration, is read this way.
+ */
+static char *
+read_frame_blocking(uint8_t *type, uint32_t *len)
+{
+	char		header[WIRE_FRAME_HEADER_SIZE];
+	char	   *body;
+	size_t		got = 0;
+
+	while (got < sizeof(header))
+	{
+		ssize_t		n = read(KAFKA_PROCESS_SOCKET_FD, header + got, sizeof(header) - got);
+
+		if (n <= 0)
+			exit(0);
+		got += n;
+	}
+	memcpy(len, header, sizeof(*len));
+	*type = (uint8_t) header[4];
+	if (*len > WIRE_MAX_FRAME_SIZE || (body = malloc(*len + 1)) == NULL)
+		die("frame too large");
+	for (got = 0; got < *len;)
+	{
+		ssize_t		n = read(KAFKA_PROCESS_SOCKET_FD, body + got, *len - got);
+
+		if (n <= 0)
+			exit(0);
+		got += n;
+	}
+	return body;
+}
+
+/* A NUL-terminated copy of a string of a frame. */
+static char *
+take_cstring(WireReader *r)
+{
+	int32_t		len;
+	const char *s = wire_string(r, &len);
+	char	   *copy;
+
+	if (s == NULL)
+		return NULL;
+	if ((copy = malloc(len + 1)) == NULL)
+		die("out of memory");
+	memcpy(copy, s, len);
+	copy[len] = '\0';
+	return copy;
+}
+
+/*
+ * Make the producer from the CONFIGURE frame's properties, in their order.
+ * librdkafka's message for a refused property can repeat its value, which
+ * may be a secret: the reason names the property only.
+ */
+static bool
+configure(WireReader *r, char *reason, size_t reason_len)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	uint32_t	count = wire_u32(r);
+	char		ignored[512];
+
+	for (uint32_t i = 0; i < count && !r->failed; i++)
+	{
+		char	   *name = take_cstring(r);
+		char	   *value = take_cstring(r);
+
+		bool		refused = name == NULL || value == NULL ||
+			rd_kafka_conf_set(conf, name, value, ignored, sizeof(ignored)) != RD_KAFKA_CONF_OK;
+
+		if (refused)
+			snprintf(reason, reason_len,
+					 "outbox.kafka_properties: librdkafka refuses property \"%s\" or its value",
+					 name ? name : "(none)");
+		free(name);
+		free(value);
+		if (refused)
+		{
+			rd_kafka_conf_destroy(conf);
+			return false;
+		}
+	}
+	/* the callbacks must run on this thread, which serves the queue */
+	if (rd_kafka_conf_set(conf, "log.queue", "true", ignored, sizeof(ignored)) != RD_KAFKA_CONF_OK)
+		die("librdkafka refuses log.queue");
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+	rd_kafka_conf_set_error_cb(conf, error_callback);
+	rd_kafka_conf_set_dr_msg_cb(conf, delivery_callback);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, reason, reason_len);
+	if (rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		return false;
+	}
+	/* logs on the main queue, served by rd_kafka_poll() on this thread */
+	rd_kafka_set_log_queue(rk, NULL);
+	return true;
+}
+
+/*
+ * The (topic, key) pairs of a PRODUCE frame that are held back.  A frame
+ * holds a batch, a few thousand messages, so a list of the few that fail at
+ * once is enough.  The strings point into the frame.
+ */
+typedef struct HeldKey
+{
+	const char *topic;
+	const char *key;
+	int32_t		topic_len;
+	int32_t		key_len;
+} HeldKey;
+
+typedef struct HeldKeys
+{
+	HeldKey    *keys;
+	int			count;
+} HeldKeys;
+
+static bool
+key_held(const HeldKeys *held, const HeldKey *k)
+{
+	for (int i = 0; i < held->count; i++)
+	{
+		const HeldKey *h = &held->keys[i];
+
+		if (h->topic_len == k->topic_len && h->key_len == k->key_len &&
+			memcmp(h->topic, k->topic, k->topic_len) == 0 &&
+			memcmp(h->key, k->key, k->key_len) == 0)
+			return true;
+	}
+	return false;
+}
+
+static void
+hold_key(HeldKeys *held, const HeldKey *k)
+{
+	held->keys = realloc(held->keys, (held->count + 1) * sizeof(HeldKey));
+	if (held->keys == NULL)
+		die("out of memory");
+	held->keys[held->count++] = *k;
+}
+
+/* The headers of one message of a PRODUCE frame. */
+static rd_kafka_headers_t *
+read_headers(WireReader *r)
+{
+	uint32_t	count = wire_u32(r);
+	rd_kafka_headers_t *headers = rd_kafka_headers_new(count);
+
+	for (uint32_t i = 0; i < count && !r->failed; i++)
+	{
+		int32_t		name_len;
+		int32_t		value_len;
+		const char *name = wire_string(r, &name_len);
+		const char *value = wire_string(r, &value_len);
+
+		rd_kafka_header_add(headers, name, name_len, value, value ? value_len : 0);
+	}
+	return headers;
+}
+
+/* Hand one message to librdkafka, waiting while its queue is full. */
+static rd_kafka_resp_err_t
+produce_one(uint32_t token, int64_t timestamp_ms, const char *topic, int32_t topic_len,
+			const char *key, int32_t key_len, const char *value, int32_t value_len,
+			rd_kafka_headers_t *headers)
+{
+	char		topic_name[KAFKA_MAX_TOPIC_LENGTH + 1];
+	rd_kafka_resp_err_t err;
+
+	if (topic_len > KAFKA_MAX_TOPIC_LENGTH)
+		return RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION;
+	memcpy(topic_name, topic, topic_len);
+	topic_name[topic_len] = '\0';
+	for (;;)
+	{
+		err = rd_kafka_producev(rk,
+								RD_KAFKA_V_TOPIC(topic_name),
+								RD_KAFKA_V_KEY(key, key ? key_len : 0),
+								RD_KAFKA_V_VALUE((void *) value, value_len),
+								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								RD_KAFKA_V_TIMESTAMP(timestamp_ms),
+								RD_KAFKA_V_HEADERS(headers),
+								RD_KAFKA_V_OPAQUE((void *) (uintptr_t) token),
+								RD_KAFKA_V_END);
+		if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+			return err;
+		rd_kafka_poll(rk, QUEUE_FULL_WAIT_MS);
+		write_to_worker();
+	}
+}
+
+/*
+ * Produce every message of a PRODUCE frame, in order.  A message librdkafka
+ * refuses at once is reported now, and holds back the later messages of its
+ * key.
+ */
+static void
+produce(WireReader *r)
+{
+	uint32_t	count = wire_u32(r);
+	HeldKeys	held = {0};
+
+	for (uint32_t i = 0; i < count && !r->failed; i++)
+	{
+		uint32_t	token = wire_u32(r);
+		int64_t		timestamp_ms = wire_i64(r);
+		int32_t		topic_len,
+					key_len,
+					value_len;
+		const char *topic = wire_string(r, &topic_len);
+		const char *key = wire_string(r, &key_len);
+		const char *value = wire_string(r, &value_len);
+		rd_kafka_headers_t *headers = read_headers(r);
+		rd_kafka_resp_err_t err;
+		HeldKey		this_key = {topic, key, topic_len, key_len};
+
+		if (r->failed || topic == NULL || value == NULL)
+		{
+			rd_kafka_headers_destroy(headers);
+			die("malformed PRODUCE frame");
+		}
+		if (key && key_held(&held, &this_key))
+		{
+			rd_kafka_headers_destroy(headers);
+			report_delivery(token, RD_KAFKA_RESP_ERR_NO_ERROR, DELIVERY_STATUS_HELD, -1, -1);
+			continue;
+		}
+		err = produce_one(token, timestamp_ms, topic, topic_len, key, key_len,
+						  value, value_len, headers);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			outstanding++;
+			continue;
+		}
+		/* the headers are still ours when producev fails */
+		rd_kafka_headers_destroy(headers);
+		report_delivery(token, err, DELIVERY_STATUS_NOT_PERSISTED, -1, -1);
+		if (key)
+			hold_key(&held, &this_key);
+	}
+	free(held.keys);
+}
+
+static void
+answer_metadata(WireReader *r)
+{
+	const struct rd_kafka_metadata *metadata;
+	int32_t		timeout_ms = wire_i32(r);
+	rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, NULL, &metadata, timeout_ms);
+	size_t		frame;
+
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		rd_kafka_metadata_destroy(metadata);
+	frame = begin_frame(WIRE_METADATA_REPLY);
+	put_i32(err);
+	end_frame(frame);
+}
+
+static void
+handle_frame(uint8_t type, const char *body, uint32_t len)
+{
+	WireReader	r;
+
+	wire_reader_init(&r, body, len);
+	switch (type)
+	{
+		case WIRE_PRODUCE:
+			produce(&r);
+			break;
+		case WIRE_METADATA:
+			answer_metadata(&r);
+			break;
+		case WIRE_PURGE:
+			rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+			break;
+		case WIRE_TEST_FATAL:
+			rd_kafka_test_fatal_error(rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+									  "simulated by outbox_simulate_fatal_error()");
+			break;
+		default:
+			die("unknown frame type");
+	}
+	if (r.failed)
+		die("malformed frame");
+}
+
+/*
+ * Read what the socket has, and handle each whole frame in it.  Returns
+ * false at end of file: the worker closed the socket, or died.
+ */
+static bool
+read_from_worker(Buffer *in)
+{
+	size_t		done = 0;
+	ssize_t		n;
+
+	reserve(in, INITIAL_BUFFER_SIZE);
+	n = read(KAFKA_PROCESS_SOCKET_FD, in->data + in->len, in->cap - in->len);
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+		return false;
+	if (n > 0)
+		in->len += n;
+
+	while (in->len - done >= WIRE_FRAME_HEADER_SIZE)
+	{
+		uint32_t	len;
+
+		memcpy(&len, in->data + done, sizeof(len));
+		if (len > WIRE_MAX_FRAME_SIZE)
+			die("frame too large");
+		if (in->len - done < WIRE_FRAME_HEADER_SIZE + len)
+		{
+			reserve(in, WIRE_FRAME_HEADER_SIZE + len);
+			break;
+		}
+		handle_frame((uint8_t) in->data[done + 4], in->data + done + WIRE_FRAME_HEADER_SIZE, len);
+		done += WIRE_FRAME_HEADER_SIZE + len;
+	}
+	memmove(in->data, in->data + done, in->len - done);
+	in->len -= done;
+	return true;
+}
+
+/* Wait for the worker's frames, librdkafka's queue, or room in the socket. */
+static void
+wait_for_work(int timeout_ms)
+{
+	struct pollfd fds[2] = {
+		{.fd = KAFKA_PROCESS_SOCKET_FD, .events = POLLIN | (to_worker.len > 0 ? POLLOUT : 0)},
+		{.fd = wake_fds[0], .events = POLLIN},
+	};
+	char		drained[64];
+
+	if (poll(fds, 2, timeout_ms) > 0 && (fds[1].revents & POLLIN))
+		while (read(wake_fds[0], drained, sizeof(drained)) > 0)
+			;
+}
+
+/*
+ * Signals: nothing of PostgreSQL's carries over, except what exec keeps;
+ * the default actions, the socket's errors seen as errors, and death with
+ * the worker, since a Kafka process without its worker has nobody to
+ * report to.
+ */
+static void
+set_up_process(void)
+{
+	sigset_t	none;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	for (int signo = 1; signo < NSIG; signo++)
+		if (signo != SIGPIPE && signo != SIGKILL && signo != SIGSTOP)
+			signal(signo, SIG_DFL);
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
+		exit(0);
+	if (pipe(wake_fds) != 0 ||
+		fcntl(wake_fds[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(wake_fds[1], F_SETFL, O_NONBLOCK) != 0)
+		die("cannot make a pipe");
+}
+
+int
+main(int argc, char **argv)
+{
+	Buffer		in = {0};
+	uint8_t		type;
+	uint32_t	len;
+	char	   *body;
+	char		reason[512];
+	WireReader	r;
+	rd_kafka_queue_t *main_queue;
+
+	set_up_process();
+	body = read_frame_blocking(&type, &len);
+	wire_reader_init(&r, body, len);
+	if (type != WIRE_CONFIGURE || !configure(&r, reason, sizeof(reason)))
+	{
+		report_text(WIRE_FAILED, 0, NULL, type != WIRE_CONFIGURE ? "no configuration" : reason);
+		write_to_worker();
+		return 1;
+	}
+	free(body);
+	fcntl(KAFKA_PROCESS_SOCKET_FD, F_SETFL, O_NONBLOCK);
+	main_queue = rd_kafka_queue_get_main(rk);
+	rd_kafka_queue_io_event_enable(main_queue, wake_fds[1], "!", 1);
+	end_frame(begin_frame(WIRE_READY));
+
+	for (;;)
+	{
+		write_to_worker();
+		wait_for_work(outstanding > 0 ? 0 : IDLE_WAIT_MS);
+		if (!read_from_worker(&in))
+			break;
+		if (outstanding > 0)
+			rd_kafka_flush(rk, FLUSH_SLICE_MS);
+		else
+			rd_kafka_poll(rk, 0);
+	}
+
+	/* the worker is gone: what is not acknowledged is its to claim again */
+	rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+	rd_kafka_poll(rk, 0);
+	rd_kafka_queue_destroy(main_queue);
+	rd_kafka_destroy(rk);
+	return 0;
+}

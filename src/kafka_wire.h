@@ -1,0 +1,175 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka_wire.h
+ *	  What the publishing worker and its Kafka process (outbox_kafka, made
+ *	  from kafka_process.c) say to each other over their socket.
+ *
+ * librdkafka runs in a process of its own, a child of the worker that is no
+ * child of the postmaster: a crash, an abort or runaway memory there costs
+ * the worker a new Kafka process, never a restart of PostgreSQL.  So this
+ * header is plain C, included by the worker (producer.c) and by the Kafka
+ * process, which links no PostgreSQL code.
+ *
+ * Each frame is a 4-byte body length, a 1-byte frame type and the body.
+ * Integers are in the machine's byte order (both ends are one machine); a
+ * string is a 4-byte length, -1 for NULL, and its bytes.
+ *
+ *	worker -> Kafka process
+ *	  CONFIGURE   count, count x (name, value): the first frame, once
+ *	  PRODUCE     count, count x (token, timestamp_ms, topic, key, value,
+ *	              header count, header count x (name, value))
+ *	  METADATA    timeout_ms: do the brokers answer?
+ *	  PURGE       withdraw every message not yet acknowledged
+ *	  TEST_FATAL  raise a fatal producer error (outbox_simulate_fatal_error)
+ *	  (end of file: destroy the producer and exit)
+ *
+ *	Kafka process -> worker
+ *	  READY       the producer is made
+ *	  FAILED      reason: it could not be made; the process exits
+ *	  DELIVERY    token, error, status, partition, offset: one per message
+ *	              produced, whatever became of it
+ *	  LOG         level, facility, message
+ *	  ERROR       error, reason (for RD_KAFKA_RESP_ERR__FATAL, the fatal one)
+ *	  METADATA    error
+ *
+ * Within one PRODUCE frame the Kafka process keeps per-key order: once a
+ * message of a (topic, key) cannot be handed to librdkafka, the later ones
+ * of that key are not produced either, and reported DELIVERY_STATUS_HELD.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_KAFKA_WIRE_H
+#define OUTBOX_KAFKA_WIRE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Kafka's limit on a topic name's length. */
+#define KAFKA_MAX_TOPIC_LENGTH 249
+
+/* The Kafka process's executable, in PostgreSQL's $libdir. */
+#define KAFKA_PROCESS_NAME "outbox_kafka"
+
+/* The descriptors the worker gives it: the socket, and its standard error. */
+#define KAFKA_PROCESS_SOCKET_FD 0
+
+#define WIRE_FRAME_HEADER_SIZE 5
+
+/* No frame is larger: a batch's payloads are capped well below it. */
+#define WIRE_MAX_FRAME_SIZE ((uint32_t) 1 << 30)
+
+typedef enum WireFrameType
+{
+	WIRE_CONFIGURE = 1,
+	WIRE_PRODUCE,
+	WIRE_METADATA,
+	WIRE_PURGE,
+	WIRE_TEST_FATAL,
+	WIRE_READY,
+	WIRE_FAILED,
+	WIRE_DELIVERY,
+	WIRE_LOG,
+	WIRE_ERROR,
+	WIRE_METADATA_REPLY
+} WireFrameType;
+
+/* What became of a message in librdkafka's hands (rd_kafka_msg_status_t and more). */
+typedef enum WireDeliveryStatus
+{
+	DELIVERY_STATUS_HELD = 0,	/* not produced: an earlier one of its key failed */
+	DELIVERY_STATUS_NOT_PERSISTED,
+	DELIVERY_STATUS_POSSIBLY_PERSISTED,
+	DELIVERY_STATUS_PERSISTED
+} WireDeliveryStatus;
+
+/* Reads a frame's body; a read past its end sets failed and returns zeros. */
+typedef struct WireReader
+{
+	const char *pos;
+	const char *end;
+	bool		failed;
+} WireReader;
+
+static inline void
+wire_reader_init(WireReader *r, const char *body, size_t len)
+{
+	r->pos = body;
+	r->end = body + len;
+	r->failed = false;
+}
+
+static inline bool
+wire_take(WireReader *r, void *out, size_t len)
+{
+	if (r->failed || (size_t) (r->end - r->pos) < len)
+	{
+		r->failed = true;
+		memset(out, 0, len);
+		return false;
+	}
+	memcpy(out, r->pos, len);
+	r->pos += len;
+	return true;
+}
+
+static inline uint32_t
+wire_u32(WireReader *r)
+{
+	uint32_t	v;
+
+	wire_take(r, &v, sizeof(v));
+	return v;
+}
+
+static inline int32_t
+wire_i32(WireReader *r)
+{
+	int32_t		v;
+
+	wire_take(r, &v, sizeof(v));
+	return v;
+}
+
+static inline int64_t
+wire_i64(WireReader *r)
+{
+	int64_t		v;
+
+	wire_take(r, &v, sizeof(v));
+	return v;
+}
+
+static inline uint8_t
+wire_u8(WireReader *r)
+{
+	uint8_t		v;
+
+	wire_take(r, &v, sizeof(v));
+	return v;
+}
+
+/*
+ * A string, in place (not NUL-terminated): *len is -1 and the result NULL
+ * for a NULL string.
+ */
+static inline const char *
+wire_string(WireReader *r, int32_t *len)
+{
+	const char *s;
+
+	*len = wire_i32(r);
+	if (*len < 0)
+		return NULL;
+	if ((size_t) (r->end - r->pos) < (size_t) *len)
+	{
+		r->failed = true;
+		*len = -1;
+		return NULL;
+	}
+	s = r->pos;
+	r->pos += *len;
+	return s;
+}
+
+#endif							/* OUTBOX_KAFKA_WIRE_H */
