@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 #include <librdkafka/rdkafka.h>
 
@@ -46,6 +47,21 @@
 
 /* How long to wait for the worker when nothing is outstanding. */
 #define IDLE_WAIT_MS 1000
+
+/*
+ * Asking the brokers about a topic (see probe_topic): how long one request
+ * may take, how long a topic seen for the first time may take to appear
+ * and how often it is asked about meanwhile, and how often a topic found
+ * missing is asked about again.
+ */
+#define TOPIC_PROBE_TIMEOUT_MS 2000
+#define NEW_TOPIC_WINDOW_MS 1000
+#define NEW_TOPIC_PROBE_INTERVAL_MS 50
+#define MISSING_TOPIC_RECHECK_MS 1000
+
+/* The topics remembered, and their hash buckets. */
+#define MAX_CACHED_TOPICS 10000
+#define TOPIC_BUCKETS 1024
 
 /* How large the read buffer grows at first. */
 #define INITIAL_BUFFER_SIZE 65536
@@ -171,6 +187,255 @@ report_text(WireFrameType type, int32_t code, const char *facility, const char *
 	end_frame(frame);
 }
 
+/*
+ * What this process knows of the topics it produces to.  A topic is asked
+ * about once, when first seen; one the brokers say is missing is asked
+ * about again at most every MISSING_TOPIC_RECHECK_MS, and its messages fail
+ * at once in between, as retries.
+ */
+typedef enum TopicState
+{
+	TOPIC_UNSEEN,
+	TOPIC_EXISTS,
+	TOPIC_MISSING
+} TopicState;
+
+typedef struct TopicEntry
+{
+	struct TopicEntry *next;	/* in its hash bucket */
+	char	   *name;
+	TopicState	state;
+	rd_kafka_resp_err_t error;	/* why it is missing */
+	int64_t		checked_at_ms;
+} TopicEntry;
+
+static TopicEntry *topic_buckets[TOPIC_BUCKETS];
+static int	topics_cached;
+
+static int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* FNV-1a, enough to spread topic names over the buckets. */
+static uint32_t
+topic_hash(const char *name, int32_t len)
+{
+	uint32_t	h = 2166136261u;
+
+	for (int32_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char) name[i]) * 16777619u;
+	return h % TOPIC_BUCKETS;
+}
+
+/* Forget every topic: a bound on what a stream of new names can cost. */
+static void
+forget_topics(void)
+{
+	for (int b = 0; b < TOPIC_BUCKETS; b++)
+		while (topic_buckets[b])
+		{
+			TopicEntry *e = topic_buckets[b];
+
+			topic_buckets[b] = e->next;
+			free(e->name);
+			free(e);
+		}
+	topics_cached = 0;
+}
+
+static TopicEntry *
+topic_entry(const char *name, int32_t len)
+{
+	uint32_t	b = topic_hash(name, len);
+	TopicEntry *e;
+
+	for (e = topic_buckets[b]; e; e = e->next)
+		if ((int32_t) strlen(e->name) == len && memcmp(e->name, name, len) == 0)
+			return e;
+	if (topics_cached >= MAX_CACHED_TOPICS)
+	{
+		forget_topics();
+		b = topic_hash(name, len);
+	}
+	if ((e = calloc(1, sizeof(TopicEntry))) == NULL || (e->name = strndup(name, len)) == NULL)
+		die("out of memory");
+	e->next = topic_buckets[b];
+	topic_buckets[b] = e;
+	topics_cached++;
+	return e;
+}
+
+static bool
+topic_needs_probe(const TopicEntry *e, int64_t now)
+{
+	return e->state == TOPIC_UNSEEN ||
+		(e->state == TOPIC_MISSING && now - e->checked_at_ms >= MISSING_TOPIC_RECHECK_MS);
+}
+
+/* Do the brokers know the topic?  Returns false if they did not answer. */
+static bool
+ask_brokers_about(const char *name, rd_kafka_resp_err_t *topic_error)
+{
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, name, NULL);
+	const struct rd_kafka_metadata *metadata;
+	rd_kafka_resp_err_t err;
+
+	if (rkt == NULL)
+	{
+		*topic_error = rd_kafka_last_error();
+		return true;
+	}
+	err = rd_kafka_metadata(rk, 0, rkt, &metadata, TOPIC_PROBE_TIMEOUT_MS);
+	rd_kafka_topic_destroy(rkt);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return false;
+	*topic_error = metadata->topic_cnt == 1 ? metadata->topics[0].err : RD_KAFKA_RESP_ERR_NO_ERROR;
+	rd_kafka_metadata_destroy(metadata);
+	return true;
+}
+
+/* Errors that say the topic is not there for this producer. */
+static bool
+topic_is_missing(rd_kafka_resp_err_t err)
+{
+	return err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+		err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC ||
+		err == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
+		err == RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION;
+}
+
+static void
+mark_topic_missing(TopicEntry *e, rd_kafka_resp_err_t err)
+{
+	e->state = TOPIC_MISSING;
+	e->error = err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC ?
+		RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART : err;
+	e->checked_at_ms = now_ms();
+}
+
+/* Does the cluster create topics on demand (auto.create.topics.enable)? */
+typedef enum TopicCreation
+{
+	CREATION_UNASKED,
+	CREATION_ON,				/* or we could not tell */
+	CREATION_OFF
+} TopicCreation;
+
+static TopicCreation topic_creation = CREATION_UNASKED;
+
+/* auto.create.topics.enable of a broker's configuration, or CREATION_ON if it is not there. */
+static TopicCreation
+topic_creation_of(rd_kafka_event_t *event)
+{
+	const rd_kafka_DescribeConfigs_result_t *result = rd_kafka_event_DescribeConfigs_result(event);
+	const rd_kafka_ConfigResource_t **resources;
+	const rd_kafka_ConfigEntry_t **entries;
+	size_t		resource_count;
+	size_t		entry_count;
+
+	if (result == NULL)
+		return CREATION_ON;
+	resources = rd_kafka_DescribeConfigs_result_resources(result, &resource_count);
+	if (resource_count != 1 || rd_kafka_ConfigResource_error(resources[0]))
+		return CREATION_ON;
+	entries = rd_kafka_ConfigResource_configs(resources[0], &entry_count);
+	for (size_t i = 0; i < entry_count; i++)
+		if (strcmp(rd_kafka_ConfigEntry_name(entries[i]), "auto.create.topics.enable") == 0)
+			return rd_kafka_ConfigEntry_value(entries[i]) &&
+				strcmp(rd_kafka_ConfigEntry_value(entries[i]), "true") == 0 ?
+				CREATION_ON : CREATION_OFF;
+	return CREATION_ON;
+}
+
+/*
+ * Ask a broker whether it creates topics on demand.  Asked once, the first
+ * time a topic is missing; a broker that does not say (an ACL may forbid
+ * it) is taken to create them.
+ */
+static TopicCreation
+ask_topic_creation(void)
+{
+	const struct rd_kafka_metadata *metadata;
+	char		broker_id[16];
+	rd_kafka_ConfigResource_t *broker;
+	rd_kafka_queue_t *replies;
+	rd_kafka_event_t *reply;
+	TopicCreation creation = CREATION_ON;
+
+	if (rd_kafka_metadata(rk, 0, NULL, &metadata, TOPIC_PROBE_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return CREATION_UNASKED;
+	if (metadata->broker_cnt == 0)
+	{
+		rd_kafka_metadata_destroy(metadata);
+		return CREATION_UNASKED;
+	}
+	snprintf(broker_id, sizeof(broker_id), "%d", metadata->brokers[0].id);
+	rd_kafka_metadata_destroy(metadata);
+
+	broker = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_BROKER, broker_id);
+	replies = rd_kafka_queue_new(rk);
+	rd_kafka_DescribeConfigs(rk, &broker, 1, NULL, replies);
+	reply = rd_kafka_queue_poll(replies, TOPIC_PROBE_TIMEOUT_MS);
+	if (reply)
+	{
+		if (rd_kafka_event_error(reply) == RD_KAFKA_RESP_ERR_NO_ERROR)
+			creation = topic_creation_of(reply);
+		rd_kafka_event_destroy(reply);
+	}
+	rd_kafka_queue_destroy(replies);
+	rd_kafka_ConfigResource_destroy(broker);
+	return creation;
+}
+
+/*
+ * How long a topic the brokers do not know may take to appear: a broker that
+ * creates topics on demand does so when first asked, and answers "unknown"
+ * that once.
+ */
+static int
+new_topic_window_ms(const TopicEntry *e)
+{
+	if (e->state != TOPIC_UNSEEN)
+		return 0;
+	if (topic_creation == CREATION_UNASKED)
+		topic_creation = ask_topic_creation();
+	return topic_creation == CREATION_OFF ? 0 : NEW_TOPIC_WINDOW_MS;
+}
+
+/*
+ * Ask the brokers about a topic; see new_topic_window_ms().  Returns false
+ * if they did not answer; the topic is then produced to as librdkafka sees
+ * fit.
+ */
+static bool
+probe_topic(TopicEntry *e)
+{
+	int64_t		started = now_ms();
+	rd_kafka_resp_err_t err;
+
+	for (;;)
+	{
+		if (!ask_brokers_about(e->name, &err))
+			return false;
+		if (!topic_is_missing(err))
+		{
+			e->state = TOPIC_EXISTS;
+			return true;
+		}
+		if (now_ms() - started >= new_topic_window_ms(e))
+		{
+			mark_topic_missing(e, err);
+			return true;
+		}
+		poll(NULL, 0, NEW_TOPIC_PROBE_INTERVAL_MS);
+	}
+}
+
 static void
 log_callback(const rd_kafka_t *rk, int level, const char *facility, const char *message)
 {
@@ -196,6 +461,12 @@ delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	rd_kafka_msg_status_t status = rd_kafka_message_status(m);
 
 	outstanding--;
+	if (topic_is_missing(m->err))
+	{
+		const char *name = rd_kafka_topic_name(m->rkt);
+
+		mark_topic_missing(topic_entry(name, strlen(name)), m->err);
+	}
 	report_delivery((uint32_t) (uintptr_t) m->_private, m->err,
 					status == RD_KAFKA_MSG_STATUS_NOT_PERSISTED ? DELIVERY_STATUS_NOT_PERSISTED :
 					status == RD_KAFKA_MSG_STATUS_PERSISTED ? DELIVERY_STATUS_PERSISTED :
@@ -396,55 +667,110 @@ produce_one(uint32_t token, int64_t timestamp_ms, const char *topic, int32_t top
 	}
 }
 
+/* One message of a PRODUCE frame; its strings point into the frame. */
+typedef struct FrameMessage
+{
+	uint32_t	token;
+	int64_t		timestamp_ms;
+	HeldKey		key;			/* its topic, and its key (NULL for none) */
+	const char *value;
+	int32_t		value_len;
+	rd_kafka_headers_t *headers;
+	TopicEntry *topic;
+	bool		done;
+} FrameMessage;
+
+static FrameMessage *
+read_messages(WireReader *r, uint32_t count)
+{
+	FrameMessage *messages = calloc(count ? count : 1, sizeof(FrameMessage));
+
+	if (messages == NULL)
+		die("out of memory");
+	for (uint32_t i = 0; i < count; i++)
+	{
+		FrameMessage *m = &messages[i];
+
+		m->token = wire_u32(r);
+		m->timestamp_ms = wire_i64(r);
+		m->key.topic = wire_string(r, &m->key.topic_len);
+		m->key.key = wire_string(r, &m->key.key_len);
+		m->value = wire_string(r, &m->value_len);
+		m->headers = read_headers(r);
+		if (r->failed || m->key.topic == NULL || m->value == NULL)
+			die("malformed PRODUCE frame");
+		m->topic = topic_entry(m->key.topic, m->key.topic_len);
+	}
+	return messages;
+}
+
 /*
- * Produce every message of a PRODUCE frame, in order.  A message librdkafka
- * refuses at once is reported now, and holds back the later messages of its
- * key.
+ * Produce one message of a frame, or report at once why not: an earlier
+ * message of its key failed, its topic is missing, or librdkafka refuses
+ * it.  A failure holds back the later messages of its key.
+ */
+static void
+produce_message(FrameMessage *m, HeldKeys *held)
+{
+	rd_kafka_resp_err_t err;
+	bool		keyed = m->key.key != NULL;
+
+	m->done = true;
+	if (keyed && key_held(held, &m->key))
+	{
+		rd_kafka_headers_destroy(m->headers);
+		report_delivery(m->token, RD_KAFKA_RESP_ERR_NO_ERROR, DELIVERY_STATUS_HELD, -1, -1);
+		return;
+	}
+	if (m->topic->state == TOPIC_MISSING)
+		err = m->topic->error;
+	else
+		err = produce_one(m->token, m->timestamp_ms, m->key.topic, m->key.topic_len,
+						  m->key.key, m->key.key_len, m->value, m->value_len, m->headers);
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		outstanding++;
+		return;
+	}
+	/* the headers are still ours when producev fails */
+	rd_kafka_headers_destroy(m->headers);
+	report_delivery(m->token, err, DELIVERY_STATUS_NOT_PERSISTED, -1, -1);
+	if (keyed)
+		hold_key(held, &m->key);
+}
+
+/*
+ * Produce every message of a PRODUCE frame, in order within each topic.
+ * librdkafka holds a message to a topic it has no metadata for until the
+ * topic is known, or for topic.metadata.propagation.max.ms (30 s) before it
+ * fails it: one message to a missing topic would hold back the report on
+ * the whole batch, and so every other topic.  So the messages of topics
+ * known to exist (or known missing) go first, and then each new topic is
+ * asked about, and its messages produced or failed at once.
  */
 static void
 produce(WireReader *r)
 {
 	uint32_t	count = wire_u32(r);
+	FrameMessage *messages = read_messages(r, count);
 	HeldKeys	held = {0};
+	int64_t		now = now_ms();
+	bool		brokers_answer = true;
 
-	for (uint32_t i = 0; i < count && !r->failed; i++)
+	for (uint32_t i = 0; i < count; i++)
+		if (!topic_needs_probe(messages[i].topic, now))
+			produce_message(&messages[i], &held);
+	for (uint32_t i = 0; i < count; i++)
 	{
-		uint32_t	token = wire_u32(r);
-		int64_t		timestamp_ms = wire_i64(r);
-		int32_t		topic_len,
-					key_len,
-					value_len;
-		const char *topic = wire_string(r, &topic_len);
-		const char *key = wire_string(r, &key_len);
-		const char *value = wire_string(r, &value_len);
-		rd_kafka_headers_t *headers = read_headers(r);
-		rd_kafka_resp_err_t err;
-		HeldKey		this_key = {topic, key, topic_len, key_len};
+		FrameMessage *m = &messages[i];
 
-		if (r->failed || topic == NULL || value == NULL)
-		{
-			rd_kafka_headers_destroy(headers);
-			die("malformed PRODUCE frame");
-		}
-		if (key && key_held(&held, &this_key))
-		{
-			rd_kafka_headers_destroy(headers);
-			report_delivery(token, RD_KAFKA_RESP_ERR_NO_ERROR, DELIVERY_STATUS_HELD, -1, -1);
+		if (m->done)
 			continue;
-		}
-		err = produce_one(token, timestamp_ms, topic, topic_len, key, key_len,
-						  value, value_len, headers);
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		{
-			outstanding++;
-			continue;
-		}
-		/* the headers are still ours when producev fails */
-		rd_kafka_headers_destroy(headers);
-		report_delivery(token, err, DELIVERY_STATUS_NOT_PERSISTED, -1, -1);
-		if (key)
-			hold_key(&held, &this_key);
+		if (brokers_answer && topic_needs_probe(m->topic, now_ms()))
+			brokers_answer = probe_topic(m->topic);
+		produce_message(m, &held);
 	}
+	free(messages);
 	free(held.keys);
 }
 
