@@ -7,6 +7,7 @@ MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/enqueue.o \
+	src/key_lock.o \
 	src/publisher.o \
 	src/pipeline.o \
 	src/producer.o \
