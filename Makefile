@@ -7,6 +7,7 @@ MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/enqueue.o \
+	src/key_lock.o \
 	src/publisher.o \
 	src/pipeline.o \
 	src/producer.o \
@@ -41,7 +42,7 @@ SHLIB_LINK = -lrdkafka
 REGRESS = surface refused dead_letter views privileges settings
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
-ISOLATION = enqueue_rollback
+ISOLATION = enqueue_rollback key_locks
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.

@@ -24,22 +24,15 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 
 #include "enqueue.h"
+#include "key_lock.h"
 #include "message.h"
 #include "settings.h"
 #include "worker_slot.h"
-
-/*
- * The advisory lock that orders concurrent enqueues of one (topic, key) is
- * told apart from the application's own advisory locks (which use 1 and 2)
- * by this value in the lock tag's last field.
- */
-#define OUTBOX_KEY_LOCK_TAG 0x4f42
 
 /*
  * The most framing a Kafka record can need around its key, value and
@@ -237,27 +230,6 @@ check_headers(Jsonb *headers)
 	return size;
 }
 
-/*
- * Order concurrent enqueues of one (topic, key): hold a transaction-level
- * lock on the pair, so that a second transaction enqueueing for the same key
- * waits until the first one ends.  Ids are then handed out in the order the
- * transactions commit, and the worker, which publishes in id order, can never
- * publish a message of a key while an earlier one is still uncommitted.
- *
- * Returns true if this transaction did not hold the lock before.
- */
-static bool
-lock_message_key(text *topic, text *key)
-{
-	uint64		h = message_key_hash(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
-									 VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
-	LOCKTAG		tag;
-
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 OUTBOX_KEY_LOCK_TAG);
-	return LockAcquire(&tag, ExclusiveLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
-}
-
 /* Insert a checked message through a plan prepared once; returns its id. */
 static int64
 insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *headers)
@@ -330,7 +302,7 @@ enqueue(FunctionCallInfo fcinfo, bytea *payload)
 	check_topic(topic);
 	check_record_size(VARSIZE_ANY_EXHDR(payload), key, check_headers(headers));
 	if (key)
-		lock_message_key(topic, key);
+		key_lock_acquire(topic, key);
 
 	PG_RETURN_INT64(insert_message(get_func_namespace(fcinfo->flinfo->fn_oid),
 								   topic, key, payload, headers));
@@ -492,7 +464,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * new to this transaction, another transaction may have drawn a later id
 	 * for the same key and committed meanwhile, so draw the id again.
 	 */
-	if (key && lock_message_key(topic, key))
+	if (key && key_lock_acquire(topic, key))
 		tuple = renumber_row(rel, tuple, SPI_fnumber(RelationGetDescr(rel), "id"));
 
 	return PointerGetDatum(tuple);

@@ -77,8 +77,10 @@ typedef struct OutboxMessage
 } OutboxMessage;
 
 /*
- * The hash of a (topic, key) pair: it names the lock that orders enqueues of
- * one key, and the keys the worker holds back within a batch.
+ * The hash of a (topic, key) pair: it names the keys the worker holds back
+ * within a batch.  It never leaves the worker, so it needs no key; the locks
+ * of enqueues, which every role sees in pg_locks, use a keyed hash
+ * (key_lock.c).
  */
 static inline uint64
 message_key_hash(const char *topic, size_t topic_len, const char *key, size_t key_len)

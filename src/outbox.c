@@ -16,6 +16,7 @@
 #include "postmaster/bgworker.h"
 
 #include "enqueue.h"
+#include "key_lock.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -55,6 +56,7 @@ _PG_init(void)
 	settings_init();
 	worker_slots_init();
 	enqueue_init();
+	key_lock_init();
 	register_static_workers();
 }
 
