@@ -345,8 +345,9 @@ message_bytes(const OutboxMessage *m)
 }
 
 /*
- * The same for a row of the claim's result, before any column is
- * detoasted: a row may be claimed but left for the next batch.
+ * The same for a row of the claim's result (with each value's few bytes of
+ * length header), read before any value is detoasted: a row may be claimed
+ * but left for the next batch.
  */
 static int64
 claimed_row_bytes(HeapTuple tuple, TupleDesc desc)
@@ -362,8 +363,7 @@ claimed_row_bytes(HeapTuple tuple, TupleDesc desc)
 		Datum		d = SPI_getbinval(tuple, desc, sized[i], &isnull);
 
 		if (!isnull)
-			bytes += toast_raw_datum_size(d) -
-				(sized[i] == Anum_claimed_headers ? 0 : VARHDRSZ);
+			bytes += toast_raw_datum_size(d);
 	}
 	return bytes;
 }

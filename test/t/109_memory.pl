@@ -1,8 +1,10 @@
 # Bounded memory: a burst of 300 payloads of about 1 MB each, which
-# compress to a few KB on disk, all committed at once.  The worker claims
-# them in batches cut at outbox.max_batch_bytes, so its private memory stays
-# under the bound the README states however large the burst, and every
-# message still arrives, byte for byte, once, in per-key order.
+# compress to a few KB on disk, all committed at once, and 60 more from an
+# older transaction that commits while the burst is being published.  The
+# worker claims them in batches cut at outbox.max_batch_bytes, so its
+# private memory stays under the bound the README states however large the
+# burst, and every message still arrives, byte for byte, once, in per-key
+# order.
 #
 # What is measured: the worker's private memory, RssAnon in
 # /proc/PID/status (its heap: claimed batches, librdkafka's copies and
@@ -24,6 +26,8 @@ use constant {
 	MESSAGES => 300,
 	PAYLOAD_BYTES => 999_000,    # under Kafka's and librdkafka's 1 MB defaults
 	KEYS => 3,
+	OLDER_MESSAGES => 60,
+	OLDER_COMMITS_AFTER => 50,    # messages published
 	# The README's bound for the default settings (see "Memory" there).
 	BOUND_MB => 100,
 	SAMPLE_INTERVAL_S => 0.01,
@@ -80,20 +84,30 @@ sub private_kb
 
 my $before_kb = private_kb();
 
-# The burst, in one transaction; the log keeps what was committed.
-$node->safe_psql('postgres', qq{
-	CREATE TABLE burst_log (id bigint, message_id uuid, key text, md5 text);
-	BEGIN;
+# Enqueue big messages in a transaction, logging what it commits.
+sub enqueue_sql
+{
+	my ($count, $key_prefix) = @_;
+	return qq{
 	SELECT count(outbox_enqueue('$topic', lpad(i::text, 6, '0') || repeat('x', ${\(PAYLOAD_BYTES - 6)}),
-	                            'key-' || i % ${\KEYS}))
-	  FROM generate_series(1, ${\MESSAGES}) i;
+	                            '$key_prefix' || i % ${\KEYS}))
+	  FROM generate_series(1, $count) i;
 	INSERT INTO burst_log SELECT id, message_id, key, md5(payload) FROM outbox_message
 	 WHERE xmin = pg_current_xact_id()::xid;
-	COMMIT;
-});
+	};
+}
+$node->safe_psql('postgres', 'CREATE TABLE burst_log (id bigint, message_id uuid, key text, md5 text)');
 
-# Sample the worker's private memory until the burst has drained.
-my ($peak_kb, $drained) = (0, 0);
+# An older transaction draws the lower ids, and commits only once the burst
+# is being published: its rows, below the batch in flight, are claimed in
+# batches the cap cuts too, and must still go in id order.  (Its keys are its
+# own: a key's enqueues wait for each other.)
+my $older = $node->background_psql('postgres');
+$older->query_safe('BEGIN;' . enqueue_sql(OLDER_MESSAGES, 'older-'));
+$node->safe_psql('postgres', 'BEGIN;' . enqueue_sql(MESSAGES, 'key-') . 'COMMIT;');
+
+# Sample the worker's private memory until both have drained.
+my ($peak_kb, $older_committed, $drained, $published_at_older_commit) = (0, 0, 0, 0);
 my $deadline = time() + 300;
 my $next_check = 0;
 while (!$drained && time() < $deadline)
@@ -101,12 +115,23 @@ while (!$drained && time() < $deadline)
 	$peak_kb = max($peak_kb, private_kb());
 	if (time() >= $next_check)
 	{
-		$drained = $node->safe_psql('postgres', 'SELECT count(*) = 0 FROM outbox_message') eq 't';
+		my ($published, $waiting) = split /\|/, $node->safe_psql('postgres',
+			'SELECT published, (SELECT count(*) FROM outbox_message) FROM outbox_worker');
+		$drained = $older_committed && $waiting == 0;
+		if (!$older_committed && $published > OLDER_COMMITS_AFTER)
+		{
+			$older->query_safe('COMMIT');
+			$older_committed = 1;
+			$published_at_older_commit = $published;
+		}
 		$next_check = time() + DRAIN_CHECK_INTERVAL_S;
 	}
 	sleep(SAMPLE_INTERVAL_S);
 }
-ok($drained, 'the burst drains');
+$older->quit;
+cmp_ok($published_at_older_commit, '<', MESSAGES,
+	'the older transaction committed while the burst was being published');
+ok($drained, 'the burst and the older transaction drain');
 diag(sprintf('worker private memory (RssAnon, worker and descendants): %.0f MB before the burst,'
 		. ' %.0f MB at its peak; its VmHWM (with shared buffers) %.0f MB',
 		$before_kb / 1024, $peak_kb / 1024, status_kb($worker, 'VmHWM') / 1024));
@@ -124,9 +149,9 @@ for my $row (split /\n/, $node->safe_psql('postgres', 'SELECT message_id, key, i
 	$committed{$message_id} = [ $key, $id ];
 	$md5{$message_id} = $md5;
 }
-is(scalar(keys %committed), MESSAGES, 'the burst is committed');
+is(scalar(keys %committed), MESSAGES + OLDER_MESSAGES, 'the burst and the older transaction are committed');
 my $records = [ grep { (message_id_header($_) // '') ne '' && exists $md5{ message_id_header($_) } }
-	  @{ consume_topics(topics => [$topic], expect => MESSAGES + 1, digest => 1, timeout => 120) } ];
+	  @{ consume_topics(topics => [$topic], expect => MESSAGES + OLDER_MESSAGES + 1, digest => 1, timeout => 120) } ];
 my $result = check_delivery($records, \%committed);
 is($result->{lost}, 0, 'nothing lost');
 is($result->{duplicates}, 0, 'nothing published twice');
@@ -134,7 +159,7 @@ is($result->{order_faults}, 0, 'per-key order kept across the batches the cap cu
 is(scalar(grep { $_->{value_md5} ne $md5{ message_id_header($_) } } @$records), 0,
 	'every payload arrives byte for byte');
 is($node->safe_psql('postgres', 'SELECT published, dead_lettered FROM outbox_worker'),
-	(MESSAGES + 1) . '|0', 'outbox_worker counts them all published, none dead-lettered');
+	(MESSAGES + OLDER_MESSAGES + 1) . '|0', 'outbox_worker counts them all published, none dead-lettered');
 
 $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never crashed or exited with an error');
