@@ -336,7 +336,10 @@ typedef struct Claim
 	MemoryContext context;		/* where the messages are copied to */
 } Claim;
 
-/* The bytes of one message as the claim counts them. */
+/*
+ * The bytes of a claimed message, near enough as the claim counts a row:
+ * for the mean size that sizes the claim's statements.
+ */
 static int64
 message_bytes(const OutboxMessage *m)
 {
