@@ -15,7 +15,8 @@
  * commits, and then produces the batch it claimed: that one is in flight
  * until the next turn.  So at most one batch is acknowledged and not yet
  * recorded, the most a crash can publish twice.  With nothing in flight,
- * the claimed batch is produced before the commit; a partial one is also
+ * the claimed batch is produced before the commit; a partial one (one that
+ * neither outbox.batch_size nor outbox.max_batch_bytes cut short) is also
  * settled in that transaction, which spares a second transaction per wake
  * when messages come a few at a time.
  *
@@ -70,6 +71,7 @@ typedef struct Batch
 	Oid			extension;		/* the outbox extension whose rows they are */
 	OutboxMessage *messages;
 	int			count;
+	bool		full;			/* claimed up to a limit: more may wait */
 	bool		settled_whole;	/* every message delivered or dead-lettered */
 } Batch;
 
@@ -242,7 +244,8 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 	MemoryContext caller = MemoryContextSwitchTo(batch->context);
 
 	batch->extension = extension;
-	batch->count = store_claim_batch(&batch->messages, outbox_batch_size,
+	batch->count = store_claim_batch(&batch->messages, &batch->full,
+									 outbox_batch_size, (int64) outbox_max_batch_kb * 1024,
 									 in_flight ? in_flight->messages : NULL,
 									 in_flight ? in_flight->count : 0);
 	MemoryContextSwitchTo(caller);
@@ -442,7 +445,7 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry
 
 	if (in_flight)
 		settle_batch(p, in_flight, extension);
-	else if (produce_batch(p, next) && next->count < outbox_batch_size)
+	else if (produce_batch(p, next) && !next->full)
 		settle_batch(p, next, extension);
 
 	if (OidIsValid(extension) &&

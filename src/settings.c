@@ -25,6 +25,7 @@ char	   *outbox_database = NULL;
 char	   *outbox_kafka_properties = NULL;
 /* The defaults of the numeric settings. */
 #define DEFAULT_BATCH_SIZE 1000
+#define DEFAULT_MAX_BATCH_KB (16 * 1024)
 #define DEFAULT_RETRY_BACKOFF_BASE_MS 1000
 #define DEFAULT_RETRY_BACKOFF_MAX_MS (5 * 60 * 1000)
 #define DEFAULT_MAX_ATTEMPTS 10
@@ -34,10 +35,12 @@ char	   *outbox_kafka_properties = NULL;
 
 /* Their bounds, where they have others than their type's. */
 #define MAX_BATCH_SIZE 100000
+#define MAX_MAX_BATCH_KB (1024 * 1024)	/* librdkafka's queue.buffering.max.kbytes */
 #define MAX_MAX_ATTEMPTS 1000000
 #define MIN_POLL_INTERVAL_MS 10
 
 int			outbox_batch_size = DEFAULT_BATCH_SIZE;
+int			outbox_max_batch_kb = DEFAULT_MAX_BATCH_KB;
 int			outbox_retry_backoff_base = DEFAULT_RETRY_BACKOFF_BASE_MS;
 int			outbox_retry_backoff_max = DEFAULT_RETRY_BACKOFF_MAX_MS;
 int			outbox_max_attempts = DEFAULT_MAX_ATTEMPTS;
@@ -111,6 +114,20 @@ define_settings(void)
 							&outbox_batch_size,
 							DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE,
 							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	/*
+	 * The batch claimed and the batch in flight are the worker's memory, so
+	 * their bytes are capped, not only their count.  No more than
+	 * librdkafka's default queue takes, so that a batch never waits for room
+	 * in it.
+	 */
+	DefineCustomIntVariable("outbox.max_batch_bytes",
+							"Most bytes of payloads, keys and headers the worker claims and publishes in one transaction.",
+							"A batch holds at least one message, however large.",
+							&outbox_max_batch_kb,
+							DEFAULT_MAX_BATCH_KB, 1, MAX_MAX_BATCH_KB,
+							PGC_SIGHUP, GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.retry_backoff_base",

@@ -15,6 +15,7 @@ extern char *outbox_brokers;
 extern char *outbox_database;
 extern char *outbox_kafka_properties;
 extern int	outbox_batch_size;
+extern int	outbox_max_batch_kb;
 extern int	outbox_retry_backoff_base;
 extern int	outbox_retry_backoff_max;
 extern int	outbox_max_attempts;

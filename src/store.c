@@ -14,6 +14,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/genam.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -73,11 +74,14 @@ typedef struct StoreStatementDef
  * claims around them, by index ranges: the rows below the batch, the few ids
  * among its ids that are not its own, and the rows above it; and only when
  * those ids are too many, walks past them after all.
+ *
+ * A batch is capped in bytes as well as in messages, so a statement may be
+ * run again for the rest of its range: past the id $3, where it stopped.
  */
 #define CLAIM_SQL(ids_to_claim) \
 		"SELECT " CLAIMED_COLUMNS \
 		"  FROM %1$s.outbox_message m" \
-		" WHERE " ids_to_claim \
+		" WHERE " ids_to_claim " AND m.id > $3" \
 		"   AND m.state <> 'sent'" \
 		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
 		"   AND (m.key IS NULL OR NOT EXISTS (" \
@@ -88,10 +92,10 @@ typedef struct StoreStatementDef
 		" FOR UPDATE OF m SKIP LOCKED"
 
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
-	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL("m.id < $2"), 2, {INT4OID, INT8OID}},
-	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL("m.id = ANY ($2)"), 2, {INT4OID, INT8ARRAYOID}},
-	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL("m.id > $2"), 2, {INT4OID, INT8OID}},
-	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL("m.id <> ALL ($2)"), 2, {INT4OID, INT8ARRAYOID}},
+	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL("m.id < $2"), 3, {INT4OID, INT8OID, INT8OID}},
+	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL("m.id = ANY ($2)"), 3, {INT4OID, INT8ARRAYOID, INT8OID}},
+	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL("m.id > $2"), 3, {INT4OID, INT8OID, INT8OID}},
+	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL("m.id <> ALL ($2)"), 3, {INT4OID, INT8ARRAYOID, INT8OID}},
 	/*
 	 * One scan of the primary key's range ($2, $3) instead of a descent per
 	 * id: the ids are tested against the array, hashed, as a filter, which
@@ -317,39 +321,147 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 }
 
 /*
- * Run one claim statement for up to limit - count more messages, and append
- * them to batch, allocating them in context.  Returns the new count.
+ * A batch being claimed: what it holds so far, and the limits that end it.
+ * bytes counts what the sender chose the size of: payloads, keys, headers.
+ */
+typedef struct Claim
+{
+	OutboxMessage *messages;
+	int			count;
+	int			max_count;
+	int64		bytes;
+	int64		max_bytes;
+	int64		mean_bytes_in_flight;	/* per message; 0 with none in flight */
+	bool		full;			/* a limit ended it, not a lack of rows */
+	MemoryContext context;		/* where the messages are copied to */
+} Claim;
+
+/*
+ * The bytes of a claimed message, near enough as the claim counts a row:
+ * for the mean size that sizes the claim's statements.
+ */
+static int64
+message_bytes(const OutboxMessage *m)
+{
+	return (int64) m->payload_len + (m->key ? strlen(m->key) : 0) +
+		(m->headers ? VARSIZE(m->headers) : 0);
+}
+
+/*
+ * The same for a row of the claim's result (with each value's few bytes of
+ * length header), read before any value is detoasted: a row may be claimed
+ * but left for the next batch.
+ */
+static int64
+claimed_row_bytes(HeapTuple tuple, TupleDesc desc)
+{
+	static const ClaimedColumn sized[] = {
+		Anum_claimed_payload, Anum_claimed_key, Anum_claimed_headers
+	};
+	int64		bytes = 0;
+
+	for (int i = 0; i < (int) lengthof(sized); i++)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(tuple, desc, sized[i], &isnull);
+
+		if (!isnull)
+			bytes += toast_raw_datum_size(d);
+	}
+	return bytes;
+}
+
+/*
+ * How many rows to ask the next claim statement for: as many as the bytes
+ * left fit at the mean size seen (in this batch, else in the batch in
+ * flight), and one more, since a smaller one may fit too; with no size seen
+ * yet, all that the count leaves.  A row asked for and not taken stays
+ * locked until the commit, for nothing.
  */
 static int
-claim_more(StoreStatement stmt, Datum ids, OutboxMessage *batch, int count,
-		   int limit, MemoryContext context)
+rows_to_ask(const Claim *c)
 {
-	Datum		args[2] = {Int32GetDatum(limit - count), ids};
-	MemoryContext spi;
+	int			rows_left = c->max_count - c->count;
+	int64		mean = c->count > 0 ? c->bytes / c->count : c->mean_bytes_in_flight;
 
-	if (count >= limit)
-		return count;
+	if (mean == 0)
+		return rows_left;
+	return (int) Min((int64) rows_left, (c->max_bytes - c->bytes) / mean + 1);
+}
 
-	/*
-	 * Every claim statement of a batch sees the same snapshot, as one
-	 * statement would: with a snapshot each, a transaction committing
-	 * between them could show its later rows and hide its earlier ones.
-	 */
-	if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
-							 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
-
+/*
+ * Copy the rows of one claim statement's result into the batch, in the
+ * claim's memory context, until one would go past a limit.  Every batch
+ * takes its first row, however large.
+ */
+static void
+take_claimed_rows(Claim *c)
+{
 	/*
 	 * Under SPI, palloc allocates in SPI's procedure context, which
-	 * SPI_finish() frees; the batch outlives the transaction, so its copies
-	 * go to the caller's context.
+	 * SPI_finish() frees; the batch outlives the transaction.
 	 */
-	spi = MemoryContextSwitchTo(context);
-	for (uint64 i = 0; i < SPI_processed; i++)
-		copy_claimed_row(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &batch[count++]);
+	MemoryContext spi = MemoryContextSwitchTo(c->context);
+
+	for (uint64 i = 0; i < SPI_processed && !c->full; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		int64		bytes = claimed_row_bytes(tuple, SPI_tuptable->tupdesc);
+
+		if (c->count > 0 && c->bytes + bytes > c->max_bytes)
+			c->full = true;
+		else
+		{
+			copy_claimed_row(tuple, SPI_tuptable->tupdesc, &c->messages[c->count++]);
+			c->bytes += bytes;
+			c->full = c->count == c->max_count || c->bytes >= c->max_bytes;
+		}
+	}
 	MemoryContextSwitchTo(spi);
-	SPI_freetuptable(SPI_tuptable);
-	return count;
+}
+
+/* The id of the last row of the claim statement's result. */
+static int64
+last_claimed_id(void)
+{
+	bool		isnull;
+
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[SPI_processed - 1],
+									   SPI_tuptable->tupdesc, Anum_claimed_id, &isnull));
+}
+
+/*
+ * Run one claim statement, ids being its range, until the batch is full or
+ * the range has no more rows to claim; a few rows at a time when they are
+ * large, so that SPI's result, and the rows locked, stay within the limits.
+ */
+static void
+claim_more(Claim *c, StoreStatement stmt, Datum ids)
+{
+	Datum		args[3] = {0, ids, Int64GetDatum(PG_INT64_MIN)};
+
+	while (!c->full)
+	{
+		int			asked = rows_to_ask(c);
+		uint64		returned;
+
+		/*
+		 * Every claim statement of a batch sees the same snapshot, as one
+		 * statement would: with a snapshot each, a transaction committing
+		 * between them could show its later rows and hide its earlier ones.
+		 */
+		args[0] = Int32GetDatum(asked);
+		if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
+								 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
+		returned = SPI_processed;
+		take_claimed_rows(c);
+		if (returned > 0)
+			args[2] = Int64GetDatum(last_claimed_id());
+		SPI_freetuptable(SPI_tuptable);
+		if (returned < (uint64) asked)
+			break;
+	}
 }
 
 /* How many ids between the lowest and the highest in flight are not in flight. */
@@ -388,36 +500,53 @@ ids_array(const OutboxMessage *in_flight, int count)
 	return make_array(ids, count, INT8OID);
 }
 
+/* The mean bytes of the messages in flight, or 0 with none. */
+static int64
+mean_bytes(const OutboxMessage *messages, int count)
+{
+	int64		bytes = 0;
+
+	for (int i = 0; i < count; i++)
+		bytes += message_bytes(&messages[i]);
+	return count > 0 ? Max(bytes / count, 1) : 0;
+}
+
 /*
- * Claim up to limit messages in id order, locked until the transaction
- * ends, leaving out the in_flight ones (in id order, as claimed): by index
- * ranges below, among and above them, unless the ids among them that are
- * not theirs are too many to list.  The messages are allocated in the
- * caller's memory context.
+ * Claim up to max_count messages, of up to max_bytes together (but at least
+ * one), in id order, locked until the transaction ends, leaving out the
+ * in_flight ones (in id order, as claimed): by index ranges below, among and
+ * above them, unless the ids among them that are not theirs are too many to
+ * list.  The messages are allocated in the caller's memory context.  Sets
+ * *full if a limit ended the batch: then more rows may wait, from the id
+ * after its last on.
  */
 int
-store_claim_batch(OutboxMessage **messages, int limit,
+store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max_bytes,
 				  const OutboxMessage *in_flight, int in_flight_count)
 {
-	MemoryContext caller = CurrentMemoryContext;
-	OutboxMessage *batch = palloc(sizeof(OutboxMessage) * Max(limit, 1));
-	int			count = 0;
+	Claim		c = {0};
 
-	*messages = batch;
+	c.messages = palloc(sizeof(OutboxMessage) * Max(max_count, 1));
+	c.max_count = max_count;
+	c.max_bytes = max_bytes;
+	c.mean_bytes_in_flight = mean_bytes(in_flight, in_flight_count);
+	c.full = max_count <= 0;
+	c.context = CurrentMemoryContext;
+
 	if (in_flight_count == 0)
-		return claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN),
-						  batch, count, limit, caller);
-	if (count_gaps(in_flight, in_flight_count) > limit)
-		return claim_more(STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count),
-						  batch, count, limit, caller);
-
-	count = claim_more(STMT_CLAIM_BELOW, Int64GetDatum(in_flight[0].id),
-					   batch, count, limit, caller);
-	if (count_gaps(in_flight, in_flight_count) > 0)
-		count = claim_more(STMT_CLAIM_AMONG, gaps_array(in_flight, in_flight_count),
-						   batch, count, limit, caller);
-	return claim_more(STMT_CLAIM_ABOVE, Int64GetDatum(in_flight[in_flight_count - 1].id),
-					  batch, count, limit, caller);
+		claim_more(&c, STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN));
+	else if (count_gaps(in_flight, in_flight_count) > max_count)
+		claim_more(&c, STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count));
+	else
+	{
+		claim_more(&c, STMT_CLAIM_BELOW, Int64GetDatum(in_flight[0].id));
+		if (count_gaps(in_flight, in_flight_count) > 0)
+			claim_more(&c, STMT_CLAIM_AMONG, gaps_array(in_flight, in_flight_count));
+		claim_more(&c, STMT_CLAIM_ABOVE, Int64GetDatum(in_flight[in_flight_count - 1].id));
+	}
+	*messages = c.messages;
+	*full = c.full;
+	return c.count;
 }
 
 /*

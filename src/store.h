@@ -20,7 +20,8 @@ typedef struct RecordedOutcomes
 } RecordedOutcomes;
 
 extern Oid	store_find_extension(void);
-extern int	store_claim_batch(OutboxMessage **messages, int limit,
+extern int	store_claim_batch(OutboxMessage **messages, bool *full,
+							  int max_count, int64 max_bytes,
 							  const OutboxMessage *in_flight, int in_flight_count);
 extern void store_record_outcomes(OutboxMessage *messages, int count,
 								  RecordedOutcomes *recorded);

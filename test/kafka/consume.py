@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 # Read Kafka topics from the beginning and print one JSON object per message:
-#   consume.py --brokers B --topic T [--topic T2 ...] [--expect N] [--timeout S] [--idle S]
+#   consume.py --brokers B --topic T [--topic T2 ...] [--expect N] [--timeout S] [--idle S] [--digest]
 # {"topic", "partition", "offset", "key" | "key_b64", "value" | "value_b64",
 #  "headers": [[name, value], ...], "timestamp" (ms), "timestamp_type"}
 # Keys and values that are not UTF-8 come base64-encoded under *_b64; such a
-# header value becomes {"b64": "..."}.
+# header value becomes {"b64": "..."}.  With --digest a value is shown as
+# "value_md5" and "value_length" instead, for payloads too large to pass
+# around as JSON.
 #
 # Stops at --expect N messages, or when every partition has been read to its
 # end and nothing arrived for --idle seconds (default 3 without --expect; with
@@ -17,6 +19,7 @@
 import argparse
 import base64
 import ctypes
+import hashlib
 import json
 import sys
 import time
@@ -46,9 +49,16 @@ def decode(data):
         return None, base64.b64encode(data).decode("ascii")
 
 
-def record(msg):
+def record(msg, digest):
     out = {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}
-    for name, data in (("key", msg.key()), ("value", msg.value())):
+    fields = [("key", msg.key())]
+    if digest:
+        value = msg.value() or b""
+        out["value_md5"] = hashlib.md5(value).hexdigest()
+        out["value_length"] = len(value)
+    else:
+        fields.append(("value", msg.value()))
+    for name, data in fields:
         text, b64 = decode(data)
         if b64 is None:
             out[name] = text
@@ -80,6 +90,7 @@ def main():
     parser.add_argument("--expect", type=int)
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--idle", type=float)
+    parser.add_argument("--digest", action="store_true", help="values as md5 and length")
     args = parser.parse_args()
     idle = args.idle if args.idle is not None or args.expect is not None else 3
 
@@ -124,7 +135,7 @@ def main():
         err = msg.error()
         if err is None:
             at_end.discard((msg.topic(), msg.partition()))
-            print(json.dumps(record(msg)), flush=True)
+            print(json.dumps(record(msg, args.digest)), flush=True)
             count += 1
         elif err.code() == KafkaError._PARTITION_EOF:
             at_end.add((msg.topic(), msg.partition()))

@@ -61,6 +61,7 @@ sub unique_topic
 
 # Every record of the topics, read from the beginning, as hashes (see
 # test/kafka/consume.py), once $expect have arrived or nothing more came.
+# With digest => 1 each value comes as its md5 and length.
 sub consume_topics
 {
 	my (%args) = @_;
@@ -69,6 +70,7 @@ sub consume_topics
 	push @cmd, map { ('--topic', $_) } @{ $args{topics} };
 	push @cmd, '--expect', $args{expect} if defined $args{expect};
 	push @cmd, '--idle', $args{idle} if defined $args{idle};
+	push @cmd, '--digest' if $args{digest};
 
 	my ($stdout, $stderr);
 	IPC::Run::run(\@cmd, '>', \$stdout, '2>', \$stderr)

@@ -23,3 +23,13 @@ SELECT format('ALTER SYSTEM SET outbox.kafka_properties = %L', value)
                     'client.id=']) AS value \gexec
 
 ALTER SYSTEM RESET outbox.kafka_properties;
+
+-- outbox.max_batch_bytes: a size (kB without a unit), from 1kB to 1GB;
+-- applied at reload, not settable in a session
+SHOW outbox.max_batch_bytes;
+SELECT format('ALTER SYSTEM SET outbox.max_batch_bytes = %L', value)
+  FROM unnest(ARRAY['0', '1025MB', '16 furlongs']) AS value \gexec
+SELECT format('ALTER SYSTEM SET outbox.max_batch_bytes = %L', value)
+  FROM unnest(ARRAY['1kB', '1GB', '4096']) AS value \gexec
+SET outbox.max_batch_bytes = '1MB';
+ALTER SYSTEM RESET outbox.max_batch_bytes;
