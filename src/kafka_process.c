@@ -86,15 +86,31 @@ die(const char *what)
 	exit(1);
 }
 
+/* Room for more bytes: doubled, or exactly what a large frame needs. */
 static void
 reserve(Buffer *b, size_t more)
 {
 	if (b->len + more <= b->cap)
 		return;
-	while (b->len + more > b->cap)
-		b->cap = b->cap ? b->cap * 2 : INITIAL_BUFFER_SIZE;
+	b->cap = b->cap ? b->cap * 2 : INITIAL_BUFFER_SIZE;
+	if (b->cap < b->len + more)
+		b->cap = b->len + more;
 	if ((b->data = realloc(b->data, b->cap)) == NULL)
 		die("out of memory");
+}
+
+/*
+ * Give back what a large frame made a buffer grow to, once it is empty:
+ * librdkafka holds its own copies of the messages.
+ */
+static void
+shrink(Buffer *b)
+{
+	if (b->len > 0 || b->cap <= INITIAL_BUFFER_SIZE)
+		return;
+	free(b->data);
+	b->data = NULL;
+	b->cap = 0;
 }
 
 static void
@@ -851,6 +867,7 @@ read_from_worker(Buffer *in)
 	}
 	memmove(in->data, in->data + done, in->len - done);
 	in->len -= done;
+	shrink(in);
 	return true;
 }
 

@@ -79,6 +79,12 @@
 /* How much longer than its timeout a metadata request may take to be answered. */
 #define METADATA_REPLY_SLACK_MS 1000
 
+/*
+ * What a message takes in a PRODUCE frame besides its payload, near enough:
+ * token, timestamp, lengths, topic, key, a few headers, the message id.
+ */
+#define PRODUCE_FRAME_SLACK_PER_MESSAGE 512
+
 /* syslog levels: 0 emergency .. 4 warning; the rest is chatter */
 #define LOGGED_LIBRDKAFKA_LEVEL 4
 
@@ -847,8 +853,13 @@ void
 producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 {
 	StringInfoData frame;
+	size_t		payload_bytes = 0;
 
+	/* one allocation the size of the batch, not doublings up to twice it */
+	for (int i = 0; i < count; i++)
+		payload_bytes += messages[i].payload_len;
 	initStringInfo(&frame);
+	enlargeStringInfo(&frame, payload_bytes + count * PRODUCE_FRAME_SLACK_PER_MESSAGE);
 	begin_frame(&frame, WIRE_PRODUCE);
 	put_u32(&frame, count);
 	for (int i = 0; i < count; i++)
