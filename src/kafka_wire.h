@@ -113,41 +113,21 @@ wire_take(WireReader *r, void *out, size_t len)
 	return true;
 }
 
-static inline uint32_t
-wire_u32(WireReader *r)
-{
-	uint32_t	v;
-
-	wire_take(r, &v, sizeof(v));
-	return v;
+/* wire_u32(), wire_i32(), wire_i64(), wire_u8(): an integer of that size. */
+#define WIRE_INTEGER_READER(name, type) \
+static inline type \
+name(WireReader *r) \
+{ \
+	type		v; \
+ \
+	wire_take(r, &v, sizeof(v)); \
+	return v; \
 }
 
-static inline int32_t
-wire_i32(WireReader *r)
-{
-	int32_t		v;
-
-	wire_take(r, &v, sizeof(v));
-	return v;
-}
-
-static inline int64_t
-wire_i64(WireReader *r)
-{
-	int64_t		v;
-
-	wire_take(r, &v, sizeof(v));
-	return v;
-}
-
-static inline uint8_t
-wire_u8(WireReader *r)
-{
-	uint8_t		v;
-
-	wire_take(r, &v, sizeof(v));
-	return v;
-}
+WIRE_INTEGER_READER(wire_u32, uint32_t)
+WIRE_INTEGER_READER(wire_i32, int32_t)
+WIRE_INTEGER_READER(wire_i64, int64_t)
+WIRE_INTEGER_READER(wire_u8, uint8_t)
 
 /*
  * A string, in place (not NUL-terminated): *len is -1 and the result NULL

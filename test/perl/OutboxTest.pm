@@ -21,7 +21,7 @@ use Time::HiRes qw(time sleep);
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl kafka_admin message_id_header run_pgbench
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
-  backlog_drain_time
+  backlog_drain_time enqueue_backlog
   check_delivery);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
@@ -196,6 +196,21 @@ sub finish_load
 	$load->{handle}->finish or die "load.py failed: ${ $load->{out} }";
 	note("load: ${ $load->{out} }");
 	return ${ $load->{out} };
+}
+
+# Commit a backlog of $count messages to $topic in one transaction, over 100
+# keys, and log them in fault_log (see start_load): it keeps the worker busy,
+# so that a fault comes mid-batch.
+sub enqueue_backlog
+{
+	my ($node, $topic, $count) = @_;
+	$node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT count(outbox_enqueue('$topic', json_build_object('n', i)::jsonb, 'bulk-' || (i % 100)))
+		  FROM generate_series(1, $count) i;
+		INSERT INTO fault_log SELECT id, message_id, topic, key FROM outbox_message WHERE topic = '$topic';
+		COMMIT;
+	});
 }
 
 # End a fault by running $end_fault (if given), and return the seconds from

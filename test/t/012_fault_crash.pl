@@ -16,19 +16,6 @@ use Time::HiRes qw(time sleep);
 # The test framework turns crash restarts off; a production server has them on.
 my $node = outbox_node('crash', conf => 'restart_after_crash = on');
 
-# A committed backlog keeps the worker busy, so the crash comes mid-batch.
-sub enqueue_backlog
-{
-	my ($topic) = @_;
-	$node->safe_psql('postgres', qq{
-		BEGIN;
-		SELECT count(outbox_enqueue('$topic', json_build_object('n', i)::jsonb, 'bulk-' || (i % 100)))
-		  FROM generate_series(1, 20000) i;
-		INSERT INTO fault_log SELECT id, message_id, topic, key FROM outbox_message WHERE topic = '$topic';
-		COMMIT;
-	});
-}
-
 sub wait_until_publishing
 {
 	my ($topic) = @_;
@@ -46,7 +33,7 @@ for my $crash ('worker SIGKILL mid-batch', 'pg_ctl stop -m immediate mid-batch',
 
 	my $load = start_load($node, topics => [ @topics[0 .. 0] ], duration => 25);
 	sleep(3);
-	enqueue_backlog($topics[1]);
+	enqueue_backlog($node, $topics[1], 20000);
 	wait_until_publishing($topics[1]);
 
 	my $drain_s = backlog_drain_time($node, sub {

@@ -61,13 +61,7 @@ for my $signal ('SEGV', 'ABRT', 'KILL')
 
 	my $load = start_load($node, topics => [ $topics[0] ], duration => 20);
 	sleep(2);
-	$node->safe_psql('postgres', qq{
-		BEGIN;
-		SELECT count(outbox_enqueue('$topics[1]', json_build_object('n', i)::jsonb, 'bulk-' || (i % 100)))
-		  FROM generate_series(1, 20000) i;
-		INSERT INTO fault_log SELECT id, message_id, topic, key FROM outbox_message WHERE topic = '$topics[1]';
-		COMMIT;
-	});
+	enqueue_backlog($node, $topics[1], 20000);
 	ok(wait_for_query($node,
 			"SELECT (SELECT count(*) FROM outbox_message WHERE topic = '$topics[1]') < 20000",
 			't', 60),
