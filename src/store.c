@@ -678,10 +678,12 @@ void
 store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *recorded)
 {
 	OutboxMessage **delivered = palloc(sizeof(OutboxMessage *) * count);
-	RecordingStep retries = {.messages = palloc(sizeof(OutboxMessage *) * count)};
-	RecordingStep dead = {.messages = palloc(sizeof(OutboxMessage *) * count),
-	.kept = palloc(sizeof(OutboxMessage *) * count)};
+	RecordingStep retries = {0};
+	RecordingStep dead = {0};
 
+	retries.messages = palloc(sizeof(OutboxMessage *) * count);
+	dead.messages = palloc(sizeof(OutboxMessage *) * count);
+	dead.kept = palloc(sizeof(OutboxMessage *) * count);
 	memset(recorded, 0, sizeof(RecordedOutcomes));
 	for (int i = 0; i < count; i++)
 	{
@@ -703,8 +705,11 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 	if (dead.count > 0)
 	{
 		char	   *failure = run_isolated("move messages to outbox_dead_letter",
-									 move_to_dead_letter, &dead);
-		RecordingStep kept = {.messages = dead.kept, .count = dead.kept_count};
+										   move_to_dead_letter, &dead);
+		RecordingStep kept = {0};
+
+		kept.messages = dead.kept;
+		kept.count = dead.kept_count;
 
 		if (failure)
 		{

@@ -9,7 +9,9 @@
 # worker never exits, the conflicting message stays in the outbox waiting
 # for a retry with the reason (in its last_error and in outbox_worker), the
 # outbox keeps flowing; once the stray dead letter is discarded, the
-# message is dead-lettered under its own id.
+# message is dead-lettered under its own id.  The same when the dead-letter
+# statement fails outright (a trigger of the owner's refuses the row): the
+# failure is rolled back alone, in its subtransaction.
 use strict;
 use warnings;
 
@@ -82,6 +84,42 @@ ok(wait_for_query($node,
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_message"), '0', 'the outbox is empty');
 like($node->safe_psql('postgres', "SELECT error FROM outbox_dead_letter WHERE id = $refused_id"),
 	qr/Message size too large/, 'with the broker\'s reason');
+
+# A dead-letter statement that fails: only it is undone.
+my $fine2 = unique_topic('conflict.fine2');
+kafka_admin('create-topic', $fine2);
+$node->safe_psql('postgres', q{
+	CREATE FUNCTION refuse_dead_letter() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN RAISE EXCEPTION 'dead letters refused for the test'; END $$;
+	CREATE TRIGGER refuse BEFORE INSERT ON outbox_dead_letter
+	    FOR EACH ROW EXECUTE FUNCTION refuse_dead_letter();
+});
+my $failing_id = $node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT count(outbox_enqueue('$fine2', 'before ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
+	SELECT outbox_enqueue('$small', '$big'::text, 'k-small-2') AS id \\gset
+	SELECT count(outbox_enqueue('$fine2', 'after ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
+	COMMIT;
+	SELECT :id;
+});
+$failing_id =~ s/.*\n//s;
+ok(wait_for_query($node,
+		"SELECT state, last_error LIKE 'not moved to outbox_dead_letter (dead letters refused for the test): %'
+		   FROM outbox_message WHERE id = $failing_id",
+		"retrying|t", 30),
+	'a message the dead-letter statement fails for waits for a retry, saying why');
+like($node->safe_psql('postgres', 'SELECT last_error FROM outbox_worker'),
+	qr/could not move messages to outbox_dead_letter: dead letters refused for the test/,
+	'outbox_worker shows the failed statement');
+ok(wait_for_query($node, "SELECT attempts >= 2 FROM outbox_message WHERE id = $failing_id", 't', 30),
+	'it is retried with backoff');
+%count = ();
+$count{ $_->{value} }++ for @{ consume_topics(topics => [$fine2], idle => 3, timeout => 30) };
+is(scalar(keys %count) . '/' . scalar(grep { $_ != 1 } values %count), '20/0',
+	'the healthy messages of its batch were published, each exactly once');
+$node->safe_psql('postgres', 'DROP TRIGGER refuse ON outbox_dead_letter');
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE id = $failing_id", '1', 30),
+	'once the statement works, the message is dead-lettered');
 
 $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
