@@ -630,7 +630,8 @@ move_to_dead_letter(RecordingStep *step)
  * the error's message if the step failed, after reporting it; else NULL.
  */
 static char *
-run_isolated(const char *what, void (*run_step) (RecordingStep *step), RecordingStep *step)
+run_isolated(const char *what, void (*run_step) (RecordingStep *step),
+			 RecordingStep *step)
 {
 	MemoryContext context = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
