@@ -2,7 +2,7 @@
 # found by pg_config and the system's librdkafka.
 
 EXTENSION = outbox
-DATA = sql/outbox--0.1.0.sql
+DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.1.0--0.2.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \

@@ -17,7 +17,6 @@
 
 #include "access/detoast.h"
 #include "access/xact.h"
-#include "catalog/dependency.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
@@ -62,10 +61,6 @@ static bool inserting_checked_row = false;
 /* The INSERT that outbox_enqueue() runs, prepared once per schema. */
 static SPIPlanPtr enqueue_plan = NULL;
 static Oid	enqueue_plan_namespace = InvalidOid;
-
-/* The identity sequence of outbox_message, found once per table. */
-static Oid	id_sequence_table = InvalidOid;
-static Oid	id_sequence = InvalidOid;
 
 PG_FUNCTION_INFO_V1(outbox_enqueue_jsonb);
 PG_FUNCTION_INFO_V1(outbox_enqueue_bytes);
@@ -341,23 +336,6 @@ outbox_enqueue_bytes(PG_FUNCTION_ARGS)
 	return enqueue(fcinfo, payload);
 }
 
-/* Give the row an id drawn now, while its key's lock is held. */
-static HeapTuple
-renumber_row(Relation rel, HeapTuple tuple, int id_attnum)
-{
-	Datum		value;
-	bool		isnull = false;
-
-	if (id_sequence_table != RelationGetRelid(rel))
-	{
-		id_sequence = getIdentitySequence(RelationGetRelid(rel), id_attnum, false);
-		id_sequence_table = RelationGetRelid(rel);
-	}
-	value = Int64GetDatum(nextval_internal(id_sequence, false));
-	return heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel), 1, &id_attnum,
-									 &value, &isnull);
-}
-
 /*
  * The checks of outbox_enqueue() on a row inserted directly; returns its
  * topic and key.
@@ -399,26 +377,45 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 }
 
 /*
+ * The outbox's table and the sequence of its ids: the ones beside the
+ * trigger function, found once per query (so never stale after ALTER
+ * EXTENSION UPDATE, which replaces the sequence).
+ */
+typedef struct OutboxRelations
+{
+	Oid			table;
+	Oid			id_sequence;
+} OutboxRelations;
+
+static OutboxRelations *
+outbox_relations(FunctionCallInfo fcinfo)
+{
+	FmgrInfo   *flinfo = fcinfo->flinfo;
+	OutboxRelations *found = flinfo->fn_extra;
+
+	if (found == NULL)
+	{
+		Oid			namespace = get_func_namespace(flinfo->fn_oid);
+
+		found = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(OutboxRelations));
+		found->table = get_relname_relid("outbox_message", namespace);
+		found->id_sequence = get_relname_relid("outbox_message_id_seq", namespace);
+		flinfo->fn_extra = found;
+	}
+	return found;
+}
+
+/*
  * Refuse to fire on any table but the outbox's own.  The trigger reads its
  * table's columns as the outbox's types and takes key locks: attached to a
  * table of another shape it would read a number as a pointer and crash the
  * server, and on a look-alike table it would let any role take the key
- * locks of another.  The outbox's table is the one beside the trigger
- * function, found once per query.
+ * locks of another.
  */
 static void
 check_fires_on_outbox(FunctionCallInfo fcinfo, Relation rel)
 {
-	FmgrInfo   *flinfo = fcinfo->flinfo;
-	Oid		   *outbox = flinfo->fn_extra;
-
-	if (outbox == NULL)
-	{
-		outbox = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(Oid));
-		*outbox = get_relname_relid("outbox_message", get_func_namespace(flinfo->fn_oid));
-		flinfo->fn_extra = outbox;
-	}
-	if (RelationGetRelid(rel) != *outbox)
+	if (RelationGetRelid(rel) != outbox_relations(fcinfo)->table)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("outbox_message_check() fires only on the outbox's own table, not on \"%s\"",
@@ -436,6 +433,10 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Relation	rel;
 	HeapTuple	tuple;
+	bool		checked;
+	int			id_attnum;
+	Datum		id;
+	bool		id_isnull = false;
 	text	   *topic;
 	text	   *key;
 
@@ -449,25 +450,39 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	check_fires_on_outbox(fcinfo, rel);
 	tuple = trigdata->tg_trigtuple;
 	wake_worker_at_commit = true;
-
-	/* its id was drawn after outbox_enqueue() locked its key */
-	if (inserting_checked_row)
-	{
-		inserting_checked_row = false;
-		return PointerGetDatum(tuple);
-	}
-
-	check_inserted_row(tuple, RelationGetDescr(rel), &topic, &key);
+	checked = inserting_checked_row;
+	inserting_checked_row = false;
 
 	/*
-	 * The row's id was drawn before this trigger ran.  If the key's lock is
-	 * new to this transaction, another transaction may have drawn a later id
-	 * for the same key and committed meanwhile, so draw the id again.
+	 * A row that comes with its id is one being restored (pg_restore, or
+	 * psql running pg_dumpall's output): only the owner may write the id
+	 * column.  It was checked when it was first enqueued, may be retrying or
+	 * sent, and keeps its id, so that its order and its dead letters' ids
+	 * stay as they were.  Under schema 0.1.0 the identity default has
+	 * filled in every id, and no row is taken for a restored one.
 	 */
-	if (key && key_lock_acquire(topic, key))
-		tuple = renumber_row(rel, tuple, SPI_fnumber(RelationGetDescr(rel), "id"));
+	id_attnum = SPI_fnumber(RelationGetDescr(rel), "id");
+	if (!heap_attisnull(tuple, id_attnum, RelationGetDescr(rel)) &&
+		TupleDescAttr(RelationGetDescr(rel), id_attnum - 1)->attidentity == '\0')
+		return PointerGetDatum(tuple);
 
-	return PointerGetDatum(tuple);
+	/* outbox_enqueue() has checked its row and locked its key */
+	if (!checked)
+	{
+		check_inserted_row(tuple, RelationGetDescr(rel), &topic, &key);
+		if (key)
+			key_lock_acquire(topic, key);
+	}
+
+	/*
+	 * The id is drawn only now, once the key's lock is held, so that ids of
+	 * one key follow the order in which their transactions commit.  (Under
+	 * schema 0.1.0 this draws the identity sequence a second time.)  No
+	 * privilege on the sequence is checked: no role but the owner has one.
+	 */
+	id = Int64GetDatum(nextval_internal(outbox_relations(fcinfo)->id_sequence, false));
+	return PointerGetDatum(heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel), 1,
+													 &id_attnum, &id, &id_isnull));
 }
 
 /*

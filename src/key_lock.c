@@ -215,14 +215,10 @@ pair_hash(text *topic, text *key)
 
 /*
  * Hold the locks that order enqueues of this (topic, key) until the end of
- * the transaction; see the header comment.
- *
- * Returns true if this transaction did not hold them before: then another
- * transaction may have drawn an id for the pair and committed since the
- * caller drew one, so a trigger that drew its row's id before must draw it
- * again.
+ * the transaction; see the header comment.  The caller draws the message's
+ * id once they are held.
  */
-bool
+void
 key_lock_acquire(text *topic, text *key)
 {
 	uint64		h = pair_hash(topic, key);
@@ -235,7 +231,7 @@ key_lock_acquire(text *topic, text *key)
 						 KEY_LOCK_TAG_BUCKET);
 
 	if (LockHeldByMe(&exact, ExclusiveLock))
-		return false;
+		return;
 
 	if (exact_locks_taken < KEY_LOCKS_EXACT)
 	{
@@ -243,10 +239,10 @@ key_lock_acquire(text *topic, text *key)
 		(void) LockAcquire(&bucket, RowExclusiveLock, false, false);
 		(void) LockAcquire(&exact, ExclusiveLock, false, false);
 		exact_locks_taken++;
-		return true;
+		return;
 	}
 
-	return LockAcquire(&bucket, ExclusiveLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
+	(void) LockAcquire(&bucket, ExclusiveLock, false, false);
 }
 
 /* The end of a transaction releases its locks: count afresh. */

@@ -9,6 +9,6 @@
 #define OUTBOX_KEY_LOCK_H
 
 extern void key_lock_init(void);
-extern bool key_lock_acquire(text *topic, text *key);
+extern void key_lock_acquire(text *topic, text *key);
 
 #endif							/* OUTBOX_KEY_LOCK_H */

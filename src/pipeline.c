@@ -352,17 +352,16 @@ hold_back_behind_failures(Batch *batch)
 	hash_destroy(held);
 }
 
-/* Record a settled batch's outcomes, count them, and report its first failure. */
+/*
+ * Report a settled batch's first failure, record its outcomes and count
+ * them.  The report comes first, so that an error in recording them, which
+ * store_record_outcomes() reports, is the one outbox_worker shows.
+ */
 static void
 record_outcomes(Batch *batch)
 {
 	RecordedOutcomes recorded;
 
-	store_record_outcomes(batch->messages, batch->count, &recorded);
-	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
-						  recorded.dead_lettered);
-	if (recorded.retries_scheduled + recorded.dead_lettered == 0)
-		return;
 	for (int i = 0; i < batch->count; i++)
 	{
 		OutboxMessage *m = &batch->messages[i];
@@ -371,9 +370,12 @@ record_outcomes(Batch *batch)
 		{
 			worker_report_error(LOG, "message %lld to topic \"%s\": %s",
 								(long long) m->id, m->topic, store_describe_failure(m));
-			return;
+			break;
 		}
 	}
+	store_record_outcomes(batch->messages, batch->count, &recorded);
+	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
+						  recorded.dead_lettered);
 }
 
 /*

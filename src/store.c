@@ -18,6 +18,7 @@
 #include "access/genam.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "storage/lmgr.h"
@@ -27,11 +28,13 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "settings.h"
 #include "store.h"
+#include "worker_slot.h"
 
 /* Sent rows older than outbox.sent_retention are deleted this many at a time. */
 #define PURGE_BATCH_ROWS 1000
@@ -128,17 +131,29 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		" WHERE m.id = f.id",
 		3, {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID}
 	},
+	/*
+	 * A message whose id outbox_dead_letter already holds (a dead letter
+	 * inserted by hand, or restored beside a reused id) is not moved: it
+	 * stays in the outbox, and only the rows that were inserted are deleted.
+	 * Returns the moved ids in ascending order.
+	 */
 	[STMT_DEAD_LETTER] = {
 		"move messages to outbox_dead_letter",
-		"WITH moved AS ("
-		"  DELETE FROM %1$s.outbox_message m"
-		"   USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS f(id, error)"
+		"WITH inserted AS ("
+		"  INSERT INTO %1$s.outbox_dead_letter"
+		"         (id, message_id, topic, key, payload, headers, attempts, created_at, error)"
+		"  SELECT m.id, m.message_id, m.topic, m.key, m.payload, m.headers,"
+		"         m.attempts + 1, m.created_at, f.error"
+		"    FROM %1$s.outbox_message m,"
+		"         ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS f(id, error)"
 		"   WHERE m.id = f.id"
-		"  RETURNING m.id, m.message_id, m.topic, m.key, m.payload, m.headers,"
-		"            m.attempts + 1, m.created_at, f.error)"
-		" INSERT INTO %1$s.outbox_dead_letter"
-		"        (id, message_id, topic, key, payload, headers, attempts, created_at, error)"
-		" SELECT * FROM moved",
+		"  ON CONFLICT (id) DO NOTHING"
+		"  RETURNING id"
+		"), moved AS ("
+		"  DELETE FROM %1$s.outbox_message m USING inserted WHERE m.id = inserted.id"
+		"  RETURNING m.id"
+		")"
+		" SELECT id FROM moved ORDER BY id",
 		2, {INT8ARRAYOID, TEXTARRAYOID}
 	},
 	[STMT_PURGE_SENT] = {
@@ -580,47 +595,50 @@ store_describe_failure(const OutboxMessage *m)
 
 /*
  * The recording statements take the batch as arrays, one per column: what
- * each message puts in a column.
+ * each message puts in a column.  reason, if not NULL, says why a message
+ * that was to be dead-lettered waits for a retry instead.
  */
-typedef Datum (*MessageColumn) (OutboxMessage *m);
+typedef Datum (*MessageColumn) (OutboxMessage *m, const char *reason);
 
 static Datum
-id_of(OutboxMessage *m)
+id_of(OutboxMessage *m, const char *reason)
 {
 	return Int64GetDatum(m->id);
 }
 
 static Datum
-partition_of(OutboxMessage *m)
+partition_of(OutboxMessage *m, const char *reason)
 {
 	return Int32GetDatum(m->partition);
 }
 
 static Datum
-offset_of(OutboxMessage *m)
+offset_of(OutboxMessage *m, const char *reason)
 {
 	return Int64GetDatum(m->offset);
 }
 
 static Datum
-retry_delay_of(OutboxMessage *m)
+retry_delay_of(OutboxMessage *m, const char *reason)
 {
 	return Int64GetDatum(retry_delay_ms(m->attempts));
 }
 
 static Datum
-failure_of(OutboxMessage *m)
+failure_of(OutboxMessage *m, const char *reason)
 {
+	if (reason)
+		return CStringGetTextDatum(psprintf("%s: %s", reason, store_describe_failure(m)));
 	return CStringGetTextDatum(store_describe_failure(m));
 }
 
 static Datum
-dead_letter_reason_of(OutboxMessage *m)
+dead_letter_reason_of(OutboxMessage *m, const char *reason)
 {
 	if (m->outcome == DELIVERY_RETRY)
 		return CStringGetTextDatum(psprintf("%s, after %d attempts",
 											store_describe_failure(m), m->attempts + 1));
-	return failure_of(m);
+	return failure_of(m, NULL);
 }
 
 /*
@@ -628,7 +646,7 @@ dead_letter_reason_of(OutboxMessage *m)
  * columns' arrays, typed as the statement declares them.
  */
 static void
-run_for_messages(StoreStatement stmt, const MessageColumn *columns,
+run_for_messages(StoreStatement stmt, const MessageColumn *columns, const char *reason,
 				 OutboxMessage **messages, int count, int expected)
 {
 	const StoreStatementDef *def = &statement_defs[stmt];
@@ -639,7 +657,7 @@ run_for_messages(StoreStatement stmt, const MessageColumn *columns,
 		Datum	   *values = palloc(sizeof(Datum) * count);
 
 		for (int i = 0; i < count; i++)
-			values[i] = columns[arg] (messages[i]);
+			values[i] = columns[arg] (messages[i], reason);
 		args[arg] = make_array(values, count, get_element_type(def->argtypes[arg]));
 	}
 	run(stmt, args, expected);
@@ -664,7 +682,7 @@ delete_delivered(OutboxMessage **messages, int count)
 			continue;
 		ids = palloc(sizeof(Datum) * (i - first));
 		for (int j = first; j < i; j++)
-			ids[j - first] = id_of(messages[j]);
+			ids[j - first] = id_of(messages[j], NULL);
 		args[0] = make_array(ids, i - first, INT8OID);
 		args[1] = Int64GetDatum(messages[first]->id);
 		args[2] = Int64GetDatum(messages[i - 1]->id);
@@ -679,23 +697,98 @@ mark_sent(OutboxMessage **messages, int count)
 {
 	static const MessageColumn columns[] = {id_of, partition_of, offset_of};
 
-	run_for_messages(STMT_MARK_SENT, columns, messages, count, SPI_OK_UPDATE);
+	run_for_messages(STMT_MARK_SENT, columns, NULL, messages, count, SPI_OK_UPDATE);
 }
 
+/*
+ * A recording step that may fail without undoing what was recorded before
+ * it: the retries and the dead letters of a batch.
+ */
+typedef struct RecordingStep
+{
+	OutboxMessage **messages;
+	int			count;
+	const char *reason;			/* for retries: why not dead-lettered, or NULL */
+	OutboxMessage **kept;		/* for dead letters: those not moved */
+	int			kept_count;
+} RecordingStep;
+
 static void
-schedule_retries(OutboxMessage **messages, int count)
+schedule_retries(RecordingStep *step)
 {
 	static const MessageColumn columns[] = {id_of, retry_delay_of, failure_of};
 
-	run_for_messages(STMT_RETRY, columns, messages, count, SPI_OK_UPDATE);
+	run_for_messages(STMT_RETRY, columns, step->reason, step->messages, step->count,
+					 SPI_OK_UPDATE);
 }
 
+/*
+ * Move the messages to outbox_dead_letter; those whose id it already holds
+ * are kept.  The messages and the moved ids are both in ascending id order.
+ */
 static void
-move_to_dead_letter(OutboxMessage **messages, int count)
+move_to_dead_letter(RecordingStep *step)
 {
 	static const MessageColumn columns[] = {id_of, dead_letter_reason_of};
+	uint64		moved = 0;
 
-	run_for_messages(STMT_DEAD_LETTER, columns, messages, count, SPI_OK_INSERT);
+	run_for_messages(STMT_DEAD_LETTER, columns, NULL, step->messages, step->count,
+					 SPI_OK_SELECT);
+	step->kept_count = 0;
+	for (int i = 0; i < step->count; i++)
+	{
+		bool		isnull;
+
+		if (moved < SPI_processed &&
+			DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[moved], SPI_tuptable->tupdesc,
+										1, &isnull)) == step->messages[i]->id)
+			moved++;
+		else
+			step->kept[step->kept_count++] = step->messages[i];
+	}
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * Run a recording step in a subtransaction of its own, as a PL/pgSQL
+ * exception block does, so that its failure undoes only what it did, and
+ * never the record of what Kafka acknowledged, written before it in the
+ * same transaction: a turn that rolled back would have Kafka's acknowledged
+ * messages claimed and published again.  The SPI connection is the turn's,
+ * made outside the subtransaction, so it survives the rollback.  Returns
+ * the error's message if the step failed, after reporting it; else NULL.
+ */
+static char *
+run_isolated(const char *what, void (*run_step) (RecordingStep *step),
+			 RecordingStep *step)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	char	   *volatile failure = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		run_step(step);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(context);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		failure = edata->message;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(context);
+	CurrentResourceOwner = owner;
+	if (failure)
+		worker_report_error(LOG, "could not %s: %s", what, failure);
+	return failure;
 }
 
 /*
@@ -703,14 +796,24 @@ move_to_dead_letter(OutboxMessage **messages, int count)
  * ones wait for a retry or, when hopeless or out of attempts, move to
  * outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as they are.  Fills
  * in how many went each way.
+ *
+ * The deliveries are recorded first, and nothing after them can undo them:
+ * the retries and the dead letters run isolated.  A message that cannot be
+ * moved to outbox_dead_letter (its id is there already, or the statement
+ * failed) waits for a retry instead, with the reason in its last_error: it
+ * is not lost, and it comes back only after its backoff.  If scheduling
+ * retries fails too, the rows stay as they were, to be claimed again.
  */
 void
 store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *recorded)
 {
 	OutboxMessage **delivered = palloc(sizeof(OutboxMessage *) * count);
-	OutboxMessage **retries = palloc(sizeof(OutboxMessage *) * count);
-	OutboxMessage **dead = palloc(sizeof(OutboxMessage *) * count);
+	RecordingStep retries = {0};
+	RecordingStep dead = {0};
 
+	retries.messages = palloc(sizeof(OutboxMessage *) * count);
+	dead.messages = palloc(sizeof(OutboxMessage *) * count);
+	dead.kept = palloc(sizeof(OutboxMessage *) * count);
 	memset(recorded, 0, sizeof(RecordedOutcomes));
 	for (int i = 0; i < count; i++)
 	{
@@ -719,19 +822,44 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 		if (m->outcome == DELIVERY_OK)
 			delivered[recorded->delivered++] = m;
 		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))
-			retries[recorded->retries_scheduled++] = m;
+			retries.messages[retries.count++] = m;
 		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_PERMANENT)
-			dead[recorded->dead_lettered++] = m;
+			dead.messages[dead.count++] = m;
 	}
 
 	if (recorded->delivered > 0 && outbox_sent_retention == 0)
 		delete_delivered(delivered, recorded->delivered);
 	else if (recorded->delivered > 0)
 		mark_sent(delivered, recorded->delivered);
-	if (recorded->retries_scheduled > 0)
-		schedule_retries(retries, recorded->retries_scheduled);
-	if (recorded->dead_lettered > 0)
-		move_to_dead_letter(dead, recorded->dead_lettered);
+
+	if (dead.count > 0)
+	{
+		char	   *failure = run_isolated("move messages to outbox_dead_letter",
+										   move_to_dead_letter, &dead);
+		RecordingStep kept = {0};
+
+		kept.messages = dead.kept;
+		kept.count = dead.kept_count;
+
+		if (failure)
+		{
+			kept.messages = dead.messages;
+			kept.count = dead.count;
+			kept.reason = psprintf("not moved to outbox_dead_letter (%s)", failure);
+		}
+		else if (kept.count > 0)
+		{
+			kept.reason = "not moved to outbox_dead_letter, which holds a dead letter with its id";
+			worker_report_error(LOG, "message %lld to topic \"%s\": %s",
+								(long long) kept.messages[0]->id, kept.messages[0]->topic,
+								kept.reason);
+		}
+		recorded->dead_lettered = dead.count - kept.count;
+		if (kept.count > 0 && run_isolated("schedule retries", schedule_retries, &kept) == NULL)
+			recorded->retries_scheduled += kept.count;
+	}
+	if (retries.count > 0 && run_isolated("schedule retries", schedule_retries, &retries) == NULL)
+		recorded->retries_scheduled += retries.count;
 }
 
 /* Delete one small batch of sent rows older than outbox.sent_retention. */

@@ -16,7 +16,11 @@ GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb),
                           outbox_enqueue(text, bytea, text, jsonb) TO outbox_app;
 GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
 -- the monitoring role
-CREATE ROLE outbox_monitor IN ROLE pg_monitor;
+CREATE ROLE outbox_monitor;
+GRANT SELECT ON outbox_status, outbox_worker TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox_worker_status() TO outbox_monitor;
+-- a member of pg_monitor, which the extension grants nothing
+CREATE ROLE outbox_pg_monitor IN ROLE pg_monitor;
 -- the operator who requeues and discards dead letters
 CREATE ROLE outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox_requeue(bigint), outbox_discard(bigint) TO outbox_operator;
@@ -46,11 +50,20 @@ SELECT * FROM outbox_worker;
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM outbox_worker_status();
 \echo :LAST_ERROR_SQLSTATE
+-- nor attach the trigger function to a table of its own
+CREATE TEMP TABLE look_alike (topic text, key text, payload bytea, headers jsonb, state text, id bigint);
+CREATE TRIGGER x BEFORE INSERT ON look_alike FOR EACH ROW EXECUTE FUNCTION outbox_message_check();
+\echo :LAST_ERROR_SQLSTATE
+DROP TABLE look_alike;
 RESET ROLE;
+SELECT has_function_privilege('public', 'outbox_message_check()', 'EXECUTE') AS public_may_execute_trigger;
 
--- The application role enqueues both ways, and cannot read the outbox or
--- set the columns the worker owns.
+-- The application role enqueues both ways (the trigger fires although it
+-- may not execute the trigger function: triggers are not checked for
+-- EXECUTE when they fire), and cannot read the outbox or set the columns
+-- the worker owns, the id among them.
 SET ROLE outbox_app;
+SELECT has_function_privilege('outbox_message_check()', 'EXECUTE') AS may_execute_trigger;
 SELECT outbox_enqueue('orders', '{"order": 1}'::jsonb, 'o-1', '{"via": "jsonb"}') > 0 AS enqueued;
 SELECT outbox_enqueue('orders', 'text payload'::text, 'o-1') > 0 AS enqueued;
 SELECT outbox_enqueue('orders', '\x00ff'::bytea) > 0 AS enqueued;
@@ -63,6 +76,12 @@ INSERT INTO outbox_message (topic, payload, message_id)
 VALUES ('orders', 'forged', 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21');
 \echo :LAST_ERROR_SQLSTATE
 INSERT INTO outbox_message (topic, payload, attempts) VALUES ('orders', 'x', 99);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (id, topic, payload) VALUES (1, 'orders', 'x');
+\echo :LAST_ERROR_SQLSTATE
+SELECT nextval('outbox_message_id_seq');
+\echo :LAST_ERROR_SQLSTATE
+SELECT setval('outbox_message_id_seq', 1);
 \echo :LAST_ERROR_SQLSTATE
 SELECT payload FROM outbox_message;
 \echo :LAST_ERROR_SQLSTATE
@@ -78,7 +97,7 @@ RESET ROLE;
 SELECT topic, key, encode(payload, 'escape') AS payload, headers, state, attempts
   FROM outbox_message ORDER BY id;
 
--- A pg_monitor member reads both views, which show no payload, key or
+-- The monitoring role reads both views, which show no payload, key or
 -- header, and nothing else.
 SET ROLE outbox_monitor;
 SELECT topic, waiting, retrying, dead_letters FROM outbox_status;
@@ -90,6 +109,17 @@ SELECT payload FROM outbox_dead_letter;
 SELECT outbox_enqueue('orders', 'x'::text);
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_discard(2001);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload) VALUES ('orders', 'x');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+-- A pg_monitor member reads neither view: pg_monitor is granted nothing.
+SET ROLE outbox_pg_monitor;
+SELECT * FROM outbox_status;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_worker;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_worker_status();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 SELECT attrelid::regclass AS view, string_agg(attname, ', ' ORDER BY attnum) AS columns
@@ -147,4 +177,4 @@ SELECT message_id <> '00000000-0000-0000-0000-000000000000' AS random_message_id
 
 DROP SCHEMA outbox_lookalike CASCADE;
 DROP OWNED BY outbox_app, outbox_monitor, outbox_operator;
-DROP ROLE outbox_nobody, outbox_app, outbox_monitor, outbox_operator;
+DROP ROLE outbox_nobody, outbox_app, outbox_monitor, outbox_pg_monitor, outbox_operator;

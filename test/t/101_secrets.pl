@@ -30,7 +30,11 @@ my $node = outbox_node('secrets',
 	conf => "outbox.kafka_properties = '" . properties($valid) . "'");
 $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_plain LOGIN;
+	-- pg_monitor for pg_read_all_settings, and the views as the README's
+	-- monitoring role has them, so that last_error is looked at too
 	CREATE ROLE outbox_monitor LOGIN IN ROLE pg_monitor;
+	GRANT SELECT ON outbox_status, outbox_worker TO outbox_monitor;
+	GRANT EXECUTE ON FUNCTION outbox_worker_status() TO outbox_monitor;
 });
 
 # Everything a role can ask the server about the setting, by query; a

@@ -8,7 +8,9 @@
 # - A database's owner sets the database's search_path to a schema of its
 #   own, ahead of pg_catalog, holding =, > and now().
 # - A role with no grants attaches outbox_message_check() to a temporary
-#   table of another shape, and to a look-alike of the outbox.
+#   table of another shape, and to a look-alike of the outbox: refused, as
+#   it may not execute the function; and, should a role be granted that,
+#   the function refuses to fire on any table but the outbox's own.
 #
 # Each attacker function records who ran it (role, whether superuser) in a
 # table of hits.  The worker is the only superuser that could run them: no
@@ -100,19 +102,34 @@ is($node->safe_psql('postgres', "SELECT rolsuper FROM pg_roles WHERE rolname = '
 # 2. The trigger function on tables of a role with no grants: an ERROR,
 # and the server keeps running.
 $node->safe_psql('postgres', 'CREATE ROLE nobody LOGIN');
-for my $table ('t3 (topic bigint, payload bytea)',
-	'outbox_message (topic text, key text, payload bytea, headers jsonb, state text, id bigint)')
+my @tables = ('t3 (topic bigint, payload bytea)',
+	'outbox_message (topic text, key text, payload bytea, headers jsonb, state text, id bigint)');
+sub attach_trigger
 {
+	my ($table) = @_;
 	my ($name) = $table =~ /^(\w+)/;
 	my ($ret, $stdout, $stderr) = $node->psql('postgres', qq{
 		\\set VERBOSITY verbose
+		\\set ON_ERROR_STOP on
 		SET ROLE nobody;
 		CREATE TEMP TABLE $table;
 		CREATE TRIGGER x BEFORE INSERT ON $name FOR EACH ROW EXECUTE FUNCTION outbox_message_check();
 		INSERT INTO $name (topic, payload) VALUES (16, 'p');
 	});
+	return ($name, $stderr);
+}
+for my $table (@tables)
+{
+	my ($name, $stderr) = attach_trigger($table);
+	like($stderr, qr/ERROR:  42501: permission denied for function outbox_message_check/,
+		"trigger on a temporary table $name: refused with SQLSTATE 42501");
+}
+$node->safe_psql('postgres', 'GRANT EXECUTE ON FUNCTION outbox_message_check() TO nobody');
+for my $table (@tables)
+{
+	my ($name, $stderr) = attach_trigger($table);
 	like($stderr, qr/ERROR:  42809: outbox_message_check\(\) fires only on the outbox's own table, not on "$name"/,
-		"trigger on a temporary table $name: refused with SQLSTATE 42809");
+		"trigger on a temporary table $name, EXECUTE granted: refused with SQLSTATE 42809");
 }
 is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()'), $started,
 	'the trigger attacks did not restart the server');
