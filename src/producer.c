@@ -279,13 +279,17 @@ process_gone(OutboxProducer *producer)
 		}
 	}
 	producer->outstanding = 0;
-	if (producer->pid != 0)
+	if (producer->pid == 0)
+		return;
+	if (producer->failure)
 	{
-		char	   *how = reap_process(producer, PROCESS_STOP_TIMEOUT_MS);
-
-		last_unexpected_exit = GetCurrentTimestamp();
-		worker_report_error(LOG, "the Kafka process %s; starting another", how);
+		/* it said why it ends; the caller reports that */
+		(void) reap_process(producer, PROCESS_STOP_TIMEOUT_MS);
+		return;
 	}
+	last_unexpected_exit = GetCurrentTimestamp();
+	worker_report_error(LOG, "the Kafka process %s; starting another",
+						reap_process(producer, PROCESS_STOP_TIMEOUT_MS));
 }
 
 /*
@@ -594,9 +598,10 @@ send_configuration(OutboxProducer *producer, List *properties)
 
 /*
  * Start outbox_kafka with a socket as its standard input and a pipe as its
- * standard error; nothing else of this process's stays open in it.  Every
- * signal is blocked from the fork to the exec, so that no PostgreSQL
- * handler runs in the child; the Kafka process sets its own.
+ * standard error, in a session of its own; nothing else of this process's
+ * stays open in it.  Every signal is blocked from the fork to the exec, so
+ * that no PostgreSQL handler runs in the child; the Kafka process sets its
+ * own.
  */
 static bool
 spawn_process(OutboxProducer *producer, char *errbuf, size_t errlen)
@@ -622,7 +627,14 @@ spawn_process(OutboxProducer *producer, char *errbuf, size_t errlen)
 	{
 		int			devnull = open("/dev/null", O_WRONLY);
 
-		if (dup2(sockets[1], KAFKA_PROCESS_SOCKET_FD) < 0 ||
+		/*
+		 * Out of the worker's process group: the postmaster signals a
+		 * child's whole group (SIGHUP at a reload, SIGTERM at a fast
+		 * shutdown), and those are the worker's to act on, after it has
+		 * recorded the batch in flight.
+		 */
+		if (setsid() < 0 ||
+			dup2(sockets[1], KAFKA_PROCESS_SOCKET_FD) < 0 ||
 			dup2(devnull, STDOUT_FILENO) < 0 ||
 			dup2(stderr_pipe[1], STDERR_FILENO) < 0)
 			_exit(127);
