@@ -920,18 +920,21 @@ main(int argc, char **argv)
 	char	   *body;
 	char		reason[512];
 	WireReader	r;
+	bool		configured;
 	rd_kafka_queue_t *main_queue;
 
 	set_up_process();
 	body = read_frame_blocking(&type, &len);
 	wire_reader_init(&r, body, len);
-	if (type != WIRE_CONFIGURE || !configure(&r, reason, sizeof(reason)))
+	configured = type == WIRE_CONFIGURE && configure(&r, reason, sizeof(reason));
+	free(body);
+	if (!configured)
 	{
 		report_text(WIRE_FAILED, 0, NULL, type != WIRE_CONFIGURE ? "no configuration" : reason);
 		write_to_worker();
+		free(to_worker.data);
 		return 1;
 	}
-	free(body);
 	fcntl(KAFKA_PROCESS_SOCKET_FD, F_SETFL, O_NONBLOCK);
 	main_queue = rd_kafka_queue_get_main(rk);
 	rd_kafka_queue_io_event_enable(main_queue, wake_fds[1], "!", 1);
@@ -954,5 +957,8 @@ main(int argc, char **argv)
 	rd_kafka_poll(rk, 0);
 	rd_kafka_queue_destroy(main_queue);
 	rd_kafka_destroy(rk);
+	forget_topics();
+	free(in.data);
+	free(to_worker.data);
 	return 0;
 }
