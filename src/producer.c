@@ -230,6 +230,14 @@ describe_exit(int status)
 	return psprintf("exited with exit code %d", WEXITSTATUS(status));
 }
 
+/* Kill the Kafka process, if there is one: pid 0 would be this process's group. */
+static void
+kill_process(OutboxProducer *producer)
+{
+	if (producer->pid > 0)
+		kill(producer->pid, SIGKILL);
+}
+
 /*
  * Reap the Kafka process, killing it if it does not end within timeout_ms.
  * Returns how it ended.
@@ -244,7 +252,7 @@ reap_process(OutboxProducer *producer, long timeout_ms)
 	{
 		if (GetCurrentTimestamp() >= deadline)
 		{
-			kill(producer->pid, SIGKILL);
+			kill_process(producer);
 			(void) waitpid(producer->pid, &status, 0);
 			break;
 		}
@@ -319,7 +327,7 @@ send_frame(OutboxProducer *producer, StringInfo frame)
 			process_gone(producer);
 		else if (GetCurrentTimestamp() >= deadline)
 		{
-			kill(producer->pid, SIGKILL);
+			kill_process(producer);
 			process_gone(producer);
 		}
 		else if (wait_for_socket(producer, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE,
@@ -491,7 +499,7 @@ handle_received_frames(OutboxProducer *producer)
 		memcpy(&len, in->data + done, sizeof(len));
 		if (len > WIRE_MAX_FRAME_SIZE)
 		{
-			kill(producer->pid, SIGKILL);
+			kill_process(producer);
 			process_gone(producer);
 			return;
 		}

@@ -12,6 +12,16 @@ CREATE TABLE app_user (
 -- B1's plain INSERT: outbox_message's columns, defaults, constraints and
 -- indexes, without its trigger (LIKE copies no trigger).
 CREATE TABLE plain_message (LIKE outbox_message INCLUDING ALL);
+-- Since 0.2.0 the outbox's trigger draws its ids, and LIKE copies no
+-- trigger: the plain table draws them from an identity, as 0.1.0 did.
+DO $$
+BEGIN
+    IF (SELECT attidentity FROM pg_attribute
+         WHERE attrelid = 'plain_message'::regclass AND attname = 'id') = '' THEN
+        ALTER TABLE plain_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY;
+    END IF;
+END
+$$;
 
 -- The seed poller's table: t_local_message of seed article 000, in
 -- PostgreSQL's types.  Delivered rows stay, flipped to SENT.
