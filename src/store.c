@@ -79,12 +79,13 @@ typedef struct StoreStatementDef
  * those ids are too many, walks past them after all.
  *
  * A batch is capped in bytes as well as in messages, so a statement may be
- * run again for the rest of its range: past the id $3, where it stopped.
+ * run again for the rest of its range: past the id $3, where it stopped
+ * (NULL the first time).
  */
 #define CLAIM_SQL(ids_to_claim) \
 		"SELECT " CLAIMED_COLUMNS \
 		"  FROM %1$s.outbox_message m" \
-		" WHERE " ids_to_claim " AND m.id > $3" \
+		" WHERE " ids_to_claim " AND ($3 IS NULL OR m.id > $3)" \
 		"   AND m.state <> 'sent'" \
 		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
 		"   AND (m.key IS NULL OR NOT EXISTS (" \
@@ -453,7 +454,15 @@ last_claimed_id(void)
 static void
 claim_more(Claim *c, StoreStatement stmt, Datum ids)
 {
-	Datum		args[3] = {0, ids, Int64GetDatum(PG_INT64_MIN)};
+	Datum		args[3] = {0, ids, 0};
+
+	/*
+	 * No bound past which to go on yet: a NULL, which the custom plan folds
+	 * away.  A constant below every id would make the planner read the
+	 * index's actual lowest entry (get_actual_variable_range()), walking
+	 * every dead entry a drain leaves at its left edge, at each claim.
+	 */
+	char		nulls[4] = "  n";
 
 	while (!c->full)
 	{
@@ -466,13 +475,16 @@ claim_more(Claim *c, StoreStatement stmt, Datum ids)
 		 * between them could show its later rows and hide its earlier ones.
 		 */
 		args[0] = Int32GetDatum(asked);
-		if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
+		if (SPI_execute_snapshot(plans[stmt], args, nulls, GetActiveSnapshot(),
 								 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
 		returned = SPI_processed;
 		take_claimed_rows(c);
 		if (returned > 0)
+		{
 			args[2] = Int64GetDatum(last_claimed_id());
+			nulls[2] = ' ';
+		}
 		SPI_freetuptable(SPI_tuptable);
 		if (returned < (uint64) asked)
 			break;
@@ -548,8 +560,9 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	c.full = max_count <= 0;
 	c.context = CurrentMemoryContext;
 
+	/* with none in flight, "all but none": no bound for the planner to probe */
 	if (in_flight_count == 0)
-		claim_more(&c, STMT_CLAIM_ABOVE, Int64GetDatum(PG_INT64_MIN));
+		claim_more(&c, STMT_CLAIM_EXCEPT, ids_array(in_flight, 0));
 	else if (count_gaps(in_flight, in_flight_count) > max_count)
 		claim_more(&c, STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count));
 	else
