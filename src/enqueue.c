@@ -377,13 +377,14 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 }
 
 /*
- * The outbox's table and the sequence of its ids: the ones beside the
- * trigger function, found once per query (so never stale after ALTER
- * EXTENSION UPDATE, which replaces the sequence).
+ * The outbox's table, its id column and the sequence of its ids: the ones
+ * beside the trigger function, found once per query (so never stale after
+ * ALTER EXTENSION UPDATE, which replaces the sequence).
  */
 typedef struct OutboxRelations
 {
 	Oid			table;
+	AttrNumber	id_attnum;
 	Oid			id_sequence;
 } OutboxRelations;
 
@@ -399,6 +400,7 @@ outbox_relations(FunctionCallInfo fcinfo)
 
 		found = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(OutboxRelations));
 		found->table = get_relname_relid("outbox_message", namespace);
+		found->id_attnum = get_attnum(found->table, "id");
 		found->id_sequence = get_relname_relid("outbox_message_id_seq", namespace);
 		flinfo->fn_extra = found;
 	}
@@ -435,6 +437,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	HeapTuple	tuple;
 	bool		checked;
 	int			id_attnum;
+	TupleDesc	desc;
 	Datum		id;
 	bool		id_isnull = false;
 	text	   *topic;
@@ -461,15 +464,16 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * stay as they were.  Under schema 0.1.0 the identity default has
 	 * filled in every id, and no row is taken for a restored one.
 	 */
-	id_attnum = SPI_fnumber(RelationGetDescr(rel), "id");
-	if (!heap_attisnull(tuple, id_attnum, RelationGetDescr(rel)) &&
-		TupleDescAttr(RelationGetDescr(rel), id_attnum - 1)->attidentity == '\0')
+	desc = RelationGetDescr(rel);
+	id_attnum = outbox_relations(fcinfo)->id_attnum;
+	if (!heap_attisnull(tuple, id_attnum, desc) &&
+		TupleDescAttr(desc, id_attnum - 1)->attidentity == '\0')
 		return PointerGetDatum(tuple);
 
 	/* outbox_enqueue() has checked its row and locked its key */
 	if (!checked)
 	{
-		check_inserted_row(tuple, RelationGetDescr(rel), &topic, &key);
+		check_inserted_row(tuple, desc, &topic, &key);
 		if (key)
 			key_lock_acquire(topic, key);
 	}
@@ -481,7 +485,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * privilege on the sequence is checked: no role but the owner has one.
 	 */
 	id = Int64GetDatum(nextval_internal(outbox_relations(fcinfo)->id_sequence, false));
-	return PointerGetDatum(heap_modify_tuple_by_cols(tuple, RelationGetDescr(rel), 1,
+	return PointerGetDatum(heap_modify_tuple_by_cols(tuple, desc, 1,
 													 &id_attnum, &id, &id_isnull));
 }
 

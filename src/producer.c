@@ -66,6 +66,14 @@
 /* How long a new Kafka process may take to make its producer. */
 #define PROCESS_START_TIMEOUT_MS 10000
 
+/*
+ * How long the Kafka process may take no byte of a frame before it is
+ * taken for hung and killed.  It reads whenever it is not inside librdkafka,
+ * whose calls it makes return within a few seconds; not message.timeout.ms,
+ * which may be 0 (no timeout).
+ */
+#define PROCESS_HUNG_MS 30000
+
 /* How long a Kafka process told to stop may take before it is killed. */
 #define PROCESS_STOP_TIMEOUT_MS 2000
 
@@ -302,13 +310,13 @@ process_gone(OutboxProducer *producer)
 
 /*
  * Write a frame whole.  The Kafka process always reads; one that takes no
- * byte for a whole message timeout is hung, and is killed.
+ * byte for PROCESS_HUNG_MS is hung, and is killed.
  */
 static void
 send_frame(OutboxProducer *producer, StringInfo frame)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   producer->message_timeout_ms);
+													   PROCESS_HUNG_MS);
 	int			sent = 0;
 
 	end_frame(frame);
@@ -319,8 +327,7 @@ send_frame(OutboxProducer *producer, StringInfo frame)
 		if (n > 0)
 		{
 			sent += n;
-			deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												   producer->message_timeout_ms);
+			deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), PROCESS_HUNG_MS);
 			continue;
 		}
 		if (n < 0 && errno != EAGAIN && errno != EINTR)

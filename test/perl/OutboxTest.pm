@@ -21,7 +21,7 @@ use Time::HiRes qw(time sleep);
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl kafka_admin message_id_header run_pgbench
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
-  backlog_drain_time enqueue_backlog
+  backlog_drain_time enqueue_backlog refusing_topics
   check_delivery);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
@@ -57,6 +57,19 @@ sub unique_topic
 {
 	my ($prefix) = @_;
 	return sprintf('%s.%d.%d.%d', $prefix, $$, int(time()), ++$topic_counter);
+}
+
+# Two new topics that refuse records for good: the first any record over
+# 200 bytes (dead-lettered at once), the second any record older than the
+# broker's clock (retried until its message.timestamp.before.max.ms is
+# raised).
+sub refusing_topics
+{
+	my ($prefix) = @_;
+	my ($small, $stale) = (unique_topic("$prefix.small"), unique_topic("$prefix.stale"));
+	kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
+	kafka_admin('create-topic', $stale, '--config', 'message.timestamp.before.max.ms=0');
+	return ($small, $stale);
 }
 
 # Every record of the topics, read from the beginning, as hashes (see

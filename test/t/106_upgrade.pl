@@ -23,11 +23,8 @@ my $node = outbox_node('upgrade', no_extension => 1, conf => join("\n",
 $node->safe_psql('postgres', "CREATE EXTENSION outbox VERSION '0.1.0'");
 
 my $fine = unique_topic('upgrade.fine');
-my $small = unique_topic('upgrade.small');    # refuses records over 200 bytes
-my $stale = unique_topic('upgrade.stale');    # refuses every record older than the broker's clock
 kafka_admin('create-topic', $fine);
-kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
-kafka_admin('create-topic', $stale, '--config', 'message.timestamp.before.max.ms=0');
+my ($small, $stale) = refusing_topics('upgrade');
 
 # Sent, kept as sent; dead-lettered; retrying.
 my $big = 'x' x 1000;

@@ -30,11 +30,8 @@ my $conf = join("\n",
 	"outbox.retry_backoff_max = '2s'");
 
 my $load_topic = unique_topic('restore.load');
-my $small = unique_topic('restore.small');    # refuses records over 200 bytes
-my $stale = unique_topic('restore.stale');    # refuses every record older than the broker's clock
 kafka_admin('create-topic', $load_topic);
-kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
-kafka_admin('create-topic', $stale, '--config', 'message.timestamp.before.max.ms=0');
+my ($small, $stale) = refusing_topics('restore');
 
 my $source = outbox_node('source', no_extension => 1, conf => $conf);
 $source->safe_psql('postgres', 'CREATE DATABASE shop');

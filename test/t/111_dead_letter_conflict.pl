@@ -28,21 +28,32 @@ my $fine = unique_topic('conflict.fine');
 kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
 kafka_admin('create-topic', $fine);
 
-# One transaction, so that the worker claims it all as one batch: healthy
-# messages around the refused one, and a dead letter already holding the
-# refused one's id.
 my $big = 'x' x 1000;
-my $refused_id = $node->safe_psql('postgres', qq{
-	BEGIN;
-	SELECT count(outbox_enqueue('$fine', 'before ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
-	SELECT outbox_enqueue('$small', '$big'::text, 'k-small') AS id \\gset
+
+# One transaction, so that the worker claims it all as one batch: ten
+# healthy messages of $fine before and ten after one that $small refuses as
+# too large; $then runs right after that one is enqueued, with its id in
+# :id.  Returns that id.
+sub enqueue_around_refused
+{
+	my ($fine, $key, $then) = @_;
+	my $id = $node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT count(outbox_enqueue('$fine', 'before ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
+		SELECT outbox_enqueue('$small', '$big'::text, '$key') AS id \\gset
+		$then
+		SELECT count(outbox_enqueue('$fine', 'after ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
+		COMMIT;
+		SELECT :id;
+	});
+	$id =~ s/.*\n//s;
+	return $id;
+}
+
+# A dead letter already holds the refused message's id.
+my $refused_id = enqueue_around_refused($fine, 'k-small', q{
 	INSERT INTO outbox_dead_letter (id, message_id, topic, payload, attempts, created_at, error)
-	VALUES (:id, gen_random_uuid(), 'elsewhere', 'stray', 1, now(), 'inserted by hand');
-	SELECT count(outbox_enqueue('$fine', 'after ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
-	COMMIT;
-	SELECT :id;
-});
-$refused_id =~ s/.*\n//s;
+	VALUES (:id, gen_random_uuid(), 'elsewhere', 'stray', 1, now(), 'inserted by hand');});
 
 ok(wait_for_query($node,
 		"SELECT state, last_error LIKE 'not moved to outbox_dead_letter, which holds a dead letter with its id: Broker: Message size too large'
@@ -94,15 +105,7 @@ $node->safe_psql('postgres', q{
 	CREATE TRIGGER refuse BEFORE INSERT ON outbox_dead_letter
 	    FOR EACH ROW EXECUTE FUNCTION refuse_dead_letter();
 });
-my $failing_id = $node->safe_psql('postgres', qq{
-	BEGIN;
-	SELECT count(outbox_enqueue('$fine2', 'before ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
-	SELECT outbox_enqueue('$small', '$big'::text, 'k-small-2') AS id \\gset
-	SELECT count(outbox_enqueue('$fine2', 'after ' || i, 'k-' || i)) FROM generate_series(1, 10) i;
-	COMMIT;
-	SELECT :id;
-});
-$failing_id =~ s/.*\n//s;
+my $failing_id = enqueue_around_refused($fine2, 'k-small-2', '');
 ok(wait_for_query($node,
 		"SELECT state, last_error LIKE 'not moved to outbox_dead_letter (dead letters refused for the test): %'
 		   FROM outbox_message WHERE id = $failing_id",
