@@ -36,6 +36,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "kafka_wire.h"
 #include "producer.h"
@@ -49,8 +50,8 @@
 #define REPORT_WAIT_MS 50
 
 /*
- * librdkafka reports every message within message.timeout.ms; past that and
- * this slack, the worker withdraws what is left.
+ * librdkafka reports every message within message.timeout.ms, if it is not
+ * 0; past that and this slack, the worker withdraws what is left.
  */
 #define REPORT_DEADLINE_SLACK_MS 5000
 
@@ -127,15 +128,18 @@ static TimestampTz last_unexpected_exit = 0;
  * Defaults a user may override in outbox.kafka_properties.  A batch is
  * produced in one go, well under a millisecond, and Kafka works on it while
  * the worker claims the next: so librdkafka should send it after a
- * millisecond, not hold it for the default 5.  A message times out after
- * twice request.timeout.ms (30 s): a request that times out while the broker
- * stalls is first sent again by the idempotent producer, which the broker
- * deduplicates; a message that timed out would be produced anew, and
- * published twice if the stalled request was written after all.
+ * millisecond, not hold it for the default 5.  A message never times out
+ * (message.timeout.ms=0): the idempotent producer sends it again, with its
+ * sequence number, until a broker acknowledges it, and the broker
+ * deduplicates.  A message that timed out while a broker held it, written
+ * but not acknowledged (a broker killed mid-request), would be produced
+ * anew when claimed again, and published twice.  The batch in flight then
+ * waits out an outage of any length, as the worker would anyway: it claims
+ * nothing while the brokers do not answer.
  */
 static const char *const default_properties[][2] = {
 	{"client.id", "postgresql-outbox"},
-	{MESSAGE_TIMEOUT_PROPERTY, "60000"},
+	{MESSAGE_TIMEOUT_PROPERTY, "0"},
 	{"reconnect.backoff.max.ms", "1000"},
 	{"linger.ms", "1"},
 };
@@ -908,8 +912,9 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 
 /*
  * Serve delivery reports until every produced message has one.  librdkafka
- * reports each message within message.timeout.ms; past that (and
- * REPORT_DEADLINE_SLACK_MS), or SHUTDOWN_GRACE_MS into a shutdown, or after
+ * reports each message within message.timeout.ms (never, with 0, until a
+ * broker acknowledges it); past that (and REPORT_DEADLINE_SLACK_MS), or
+ * SHUTDOWN_GRACE_MS into a shutdown, or after
  * a fatal error, the rest is withdrawn (reported as not sent, so its rows
  * stay to be claimed again).
  * Returns false if anything was withdrawn: the producer must then be
@@ -919,9 +924,9 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 bool
 producer_await_deliveries(OutboxProducer *producer)
 {
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   producer->message_timeout_ms +
-													   REPORT_DEADLINE_SLACK_MS);
+	TimestampTz deadline = producer->message_timeout_ms == 0 ? DT_NOEND :
+		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									producer->message_timeout_ms + REPORT_DEADLINE_SLACK_MS);
 	TimestampTz withdrawn_at = 0;
 
 	while (producer->outstanding > 0)
