@@ -13,7 +13,7 @@
 # the tables to stdout.  Exits non-zero when a run is broken (messages
 # missing in Kafka, a pgbench failure), never because of speed.
 #
-#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--command TEXT]
+#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--only B2,...] [--command TEXT]
 #
 # test/bench/run prepares the cluster (outbox preloaded, outbox.database =
 # the DSN's database, schema.sql not yet run) and the broker, and calls this.
@@ -47,6 +47,8 @@ SIZES = {
               "b3_seconds": 8, "grace": 5},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
+# The parts, in the order they run.
+PARTS = ("B2", "B1", "B3", "B4")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -761,6 +763,14 @@ def cpu_model():
     return platform.machine()
 
 
+def part_names(text):
+    """--only's argument: parts, separated by commas."""
+    names = [name.strip().upper() for name in text.split(",") if name.strip()]
+    if not names or set(names) - set(PARTS):
+        raise argparse.ArgumentTypeError(f"not a list of parts among {', '.join(PARTS)}: {text!r}")
+    return names
+
+
 def main():
     parser = argparse.ArgumentParser(description="outbox benchmarks against two pollers")
     parser.add_argument("--dsn", required=True)
@@ -768,6 +778,8 @@ def main():
     parser.add_argument("--pg-bin", required=True)
     parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run")
     parser.add_argument("--soak", action="store_true", help="add B4, 10 minutes")
+    parser.add_argument("--only", type=part_names, metavar="PARTS",
+                        help="run only these parts, e.g. B3 or B2,B3 (B4 without --soak too)")
     parser.add_argument("--command", default=" ".join(sys.argv))
     args = parser.parse_args()
 
@@ -778,12 +790,13 @@ def main():
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
                               + ["bench.b4.ours"])
+    runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1), "B3": ("B3 latency", bench.b3),
+            "B4": ("B4 soak", bench.b4)}
+    chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
-        bench.part("B2 drain", bench.b2)
-        bench.part("B1 enqueue", bench.b1)
-        bench.part("B3 latency", bench.b3)
-        if args.soak:
-            bench.part("B4 soak", bench.b4)
+        for part in PARTS:
+            if part in chosen:
+                bench.part(*runs[part])
     except Broken as e:
         bench.report()
         sys.exit(f"bench.py: broken run: {e}")
