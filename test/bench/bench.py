@@ -41,10 +41,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3"
 
 SIZES = {
-    "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "seed_window": 60,
-                "b3_seconds": 25, "grace": 10},
-    "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "seed_window": 15,
-              "b3_seconds": 8, "grace": 5},
+    "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
+                "seed_window": 60, "b3_seconds": 25, "grace": 10},
+    "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
+              "seed_window": 15, "b3_seconds": 8, "grace": 5},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
 # The parts, in the order they run.
@@ -240,6 +240,24 @@ class LatencyConsumer(threading.Thread):
                       if enqueued >= enqueued_after and received > received_after)
 
 
+def segment_rates(observed, segment):
+    """B2: {n: msg/s} over the segment of `segment` records that ends with
+    the nth in Kafka, from (time, records in Kafka) observations of a drain.
+    The moment each boundary was passed is interpolated between the two
+    observations around it, as an observation may come many records after
+    one.  The first segment starts at the first observation, the last ends
+    at the last."""
+    marks = [observed[0]]
+    boundary = (observed[0][1] // segment + 1) * segment
+    for (ta, ca), (tb, cb) in zip(observed, observed[1:]):
+        while ca < boundary <= cb:
+            marks.append((ta + (tb - ta) * (boundary - ca) / (cb - ca), boundary))
+            boundary += segment
+    if marks[-1][1] < observed[-1][1]:
+        marks.append(observed[-1])
+    return {c1: (c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(marks, marks[1:])}
+
+
 def percentiles(latencies):
     if not latencies:
         return None
@@ -425,19 +443,22 @@ class Bench:
 
     def watch_drain(self, peer, topic, target, window=None):
         """Msg/s into Kafka, from the first record of the topic to the
-        target's (or to the end of the window), read from its offsets."""
+        target's (or to the end of the window), read from its offsets; and the
+        msg/s of each segment of the drain (see segment_rates())."""
         wait_until(f"B2 {peer}: first record in Kafka", lambda: self.kafka.count(topic) > 0, 120, 0.02)
         t0, c0 = time.monotonic(), self.kafka.count(topic)
         t, c, shown = t0, c0, t0
+        observed = [(t0, c0)]
         while c < target and not (window and t - t0 >= window):
             if t - t0 > 1800:
                 raise Broken(f"B2 {peer}: {c:,} of {target:,} in Kafka after 30 minutes")
             time.sleep(0.05)
             t, c = time.monotonic(), self.kafka.count(topic)
+            observed.append((t, c))
             if t - shown >= 5:
                 shown = t
                 progress(f"B2 {peer}: {c:,} in Kafka ({(c - c0) / (t - t0):,.0f} msg/s)")
-        return (c - c0) / (t - t0)
+        return (c - c0) / (t - t0), segment_rates(observed, self.size["segment"])
 
     def check_topic(self, peer, topic, expected):
         records, distinct = self.kafka.distinct_seqs(topic)
@@ -447,7 +468,7 @@ class Bench:
         progress(f"B2 {peer}: Kafka holds the {expected:,} messages, each once")
 
     def b2(self):
-        result = {"rate": {}, "rss": {}, "cpu": {}}
+        result = {"rate": {}, "segments": {}, "rss": {}, "cpu": {}}
         self.b2_ours(result)
         self.b2_tuned(result)
         self.b2_seed(result)
@@ -475,7 +496,7 @@ class Bench:
         sampler.start()
         begin, cpu = time.monotonic(), cpu_seconds(pids)
         self.worker.resume()
-        result["rate"]["ours"] = self.watch_drain("ours", "bench.b2.ours", n)
+        result["rate"]["ours"], result["segments"]["ours"] = self.watch_drain("ours", "bench.b2.ours", n)
         self.worker.wait_drained(60)
         # The Kafka process of the pause ended at the resume: its CPU moved
         # into the worker's cutime, and the new one's is counted whole.
@@ -496,7 +517,7 @@ class Bench:
         poller = Peer("tuned", self.args)
         pids = poller.pids(self.db)
         cpu = cpu_seconds(pids)
-        result["rate"]["tuned"] = self.watch_drain("tuned", "bench.b2.tuned", n)
+        result["rate"]["tuned"], result["segments"]["tuned"] = self.watch_drain("tuned", "bench.b2.tuned", n)
         wait_until("B2 tuned: table empty", lambda: self.db.value(BACKLOG["tuned"]) == 0, 60, 0.2)
         result["cpu"]["tuned"] = cpu_seconds(pids) - cpu
         result["rss"]["tuned"] = poller.peak_rss_kb()
@@ -509,7 +530,7 @@ class Bench:
         n, window = self.size["backlog"], self.size["seed_window"]
         self.fill_backlog("seed", "bench.b2.seed")
         poller = Peer("seed", self.args)
-        result["rate"]["seed"] = self.watch_drain("seed", "bench.b2.seed", n, window=window)
+        result["rate"]["seed"], _ = self.watch_drain("seed", "bench.b2.seed", n, window=window)
         result["rss"]["seed"] = poller.peak_rss_kb()
         poller.stop()
         sent = self.db.value("SELECT count(*) FROM seed_message WHERE status = 'SENT'")
@@ -709,6 +730,7 @@ class Bench:
             n = self.size["backlog"]
             out.append(f"  B2 seed poller: measured over {self.size['seed_window']} s of its drain;"
                        f" {n:,} messages would take it {hours(n / b2['rate']['seed'])}")
+            out += self.b2_segments_report(b2["segments"])
         b1 = self.results.get("b1")
         if b1:
             plain = b1[B1_PLAIN][0]
@@ -733,6 +755,25 @@ class Bench:
                 for s, size, dead, p99 in b4])
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
+
+    def b2_segments_report(self, segments):
+        segment = self.size["segment"]
+        out = ["", f"B2 drain per {segment:,} messages delivered (from the topic's offsets, as the"
+                   " whole drain), msg/s"]
+        rows = [("messages delivered", "ours", "tuned", "ours/tuned", "target")]
+        for end in sorted(set(segments["ours"]) | set(segments["tuned"])):
+            ours, tuned = segments["ours"].get(end), segments["tuned"].get(end)
+            rows.append((f"{(end - 1) // segment * segment + 1:,} to {end:,}",
+                         f"{ours:,.0f}" if ours else "-", f"{tuned:,.0f}" if tuned else "-",
+                         f"{ours / tuned:.2f}" if ours and tuned else "", ""))
+
+        def last_over_first(rates):
+            return f"{rates[max(rates)] / rates[min(rates)]:.2f}" if rates else "-"
+        rows.append(("last segment / first segment", last_over_first(segments["ours"]),
+                     last_over_first(segments["tuned"]), "", ">= 1.0 for ours"))
+        out += table(rows)
+        out.append("  the first segment starts at the first record seen in Kafka")
+        return out
 
 
 def hours(seconds):
