@@ -7,13 +7,14 @@
 #   B2  drain: a backlog committed while nothing could publish, then published
 #   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
+#   B5  1,000 messages per second while a transaction holds the xmin horizon
 #
 # Every figure is printed beside the peers' measured in the same run, as a
 # ratio: absolute times on a shared machine drift.  Progress goes to stderr,
 # the tables to stdout.  Exits non-zero when a run is broken (messages
 # missing in Kafka, a pgbench failure), never because of speed.
 #
-#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--only B2,...] [--command TEXT]
+#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--only B5,...] [--command TEXT]
 #
 # test/bench/run prepares the cluster (outbox preloaded, outbox.database =
 # the DSN's database, schema.sql not yet run) and the broker, and calls this.
@@ -22,6 +23,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import signal
@@ -42,13 +44,24 @@ PYTHON = "/usr/bin/python3"
 
 SIZES = {
     "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
-                "seed_window": 60, "b3_seconds": 25, "grace": 10},
+                "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300},
     "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
-              "seed_window": 15, "b3_seconds": 8, "grace": 5},
+              "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
+# B5: B3's 1,000 msg/s; a baseline without the hold, then the hold (its size's
+# "b5_hold" seconds, 30 minutes with --soak) in windows of 30 s, then the load
+# goes on after the hold ends while the footprint is watched: is it back within
+# 1.25 times the baseline's?  Its warm-up is longer than WARMUP: the first
+# messages to a new topic wait up to a second (metadata, the consumer's first
+# fetches), and the next seconds' messages wait behind them, which B3's 25 s
+# dilute but would make the p99 of a 15 s baseline.
+B5 = {"rate": 1000, "warmup": 5, "baseline": 15, "every": 30, "soak_hold": 1800, "after": 60,
+      "after_every": 10, "back_within": 1.25}
+# The seed poller falls seconds behind at 1,000 msg/s already (B3): B5 skips it.
+B5_PEERS = ("ours", "tuned")
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B3", "B4")
+PARTS = ("B2", "B1", "B3", "B4", "B5")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -66,6 +79,15 @@ BACKLOG = {
     "seed": "SELECT count(*) FROM seed_message WHERE status = 'PENDING'",
     "tuned": "SELECT count(*) FROM tuned_message",
 }
+# B5: a table's size on disk (heap, indexes, TOAST) and its dead tuples, over
+# its partition tree and itself (pg_partition_tree() has no row for a plain
+# table): the same query holds whatever outbox_message's layout.
+FOOTPRINT = """
+    WITH tree AS (SELECT relid FROM pg_partition_tree(%(table)s::regclass)
+                  UNION SELECT %(table)s::regclass)
+    SELECT (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint FROM tree),
+           (SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables
+             WHERE relid IN (SELECT relid FROM tree))"""
 
 
 def enqueue_sql(peer, topic, payload, key, rows):
@@ -81,7 +103,7 @@ def enqueue_sql(peer, topic, payload, key, rows):
 # what Kafka got can be checked one by one.
 B2_PAYLOAD = "jsonb_build_object('seq', i, 'key', 'key-' || mod(i, 1000), 'pad', repeat('x', 156))"
 
-# B3 and B4: ~200-byte payloads that carry their enqueue time, epoch ms.
+# B3, B4 and B5: ~200-byte payloads that carry their enqueue time, epoch ms.
 B3_PAYLOAD = ("jsonb_build_object('t', round(extract(epoch FROM clock_timestamp()) * 1000, 3),"
               " 'pad', repeat('x', 170))")
 
@@ -235,9 +257,9 @@ class LatencyConsumer(threading.Thread):
         self.stopping.set()
         self.join()
 
-    def latencies(self, enqueued_after=0.0, received_after=0.0):
+    def latencies(self, enqueued_after=0.0, received_after=0.0, enqueued_before=math.inf):
         return sorted(received - enqueued for received, enqueued in list(self.samples)
-                      if enqueued >= enqueued_after and received > received_after)
+                      if enqueued_after <= enqueued < enqueued_before and received > received_after)
 
 
 def segment_rates(observed, segment):
@@ -362,6 +384,38 @@ class Peer:
         failed = json.loads(out)["failed"]
         if failed:
             raise Broken(f"{self.kind} poller: {failed} messages failed to publish")
+
+
+class HeldSnapshot:
+    """B5's hold: a REPEATABLE READ transaction, left open once it has taken
+    its snapshot, holds back the xmin horizon, so that neither VACUUM nor
+    pruning may remove a row deleted after it began.  It reads a table that
+    has nothing to do with publishing, so it holds no lock that the worker or
+    a poller could wait for."""
+
+    def __init__(self, dsn):
+        self.conn = psycopg2.connect(dsn, application_name="bench.py hold")
+        self.conn.autocommit = True    # the transaction is begun and ended by hand
+        with self.conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SELECT 1 FROM app_user LIMIT 1")
+        self.began = time.monotonic()
+
+    def seconds(self):
+        return time.monotonic() - self.began
+
+    def xmin_age(self, db):
+        """Transaction ids assigned since the snapshot's xmin: how far behind the horizon is held."""
+        age = db.value("SELECT age(backend_xmin) FROM pg_stat_activity WHERE pid = %s",
+                       (self.conn.get_backend_pid(),))
+        if age is None:
+            raise Broken("B5: the held transaction holds no xmin")
+        return age
+
+    def end(self):
+        with self.conn.cursor() as cur:
+            cur.execute("COMMIT")
+        self.conn.close()
 
 
 class Bench:
@@ -673,6 +727,88 @@ class Bench:
             raise Broken(f"B4: {processed:,} committed, {len(consumer.samples):,} in Kafka")
         self.results["b4"] = series
 
+    # B5 ----------------------------------------------------------------------
+
+    def b5(self):
+        hold = B5["soak_hold"] if self.args.soak else self.size["b5_hold"]
+        self.results["b5"] = {"hold": hold, **{peer: self.held_horizon_run(peer, hold) for peer in B5_PEERS}}
+
+    def footprint(self, peer):
+        size, dead = self.db.run(FOOTPRINT, {"table": TABLE[peer]})[0]
+        return {"size": size, "dead": dead}
+
+    def held_horizon_run(self, peer, hold):
+        """The load, a baseline, the hold in windows, then the load without the
+        hold; each window's latencies are those of the messages enqueued in it."""
+        topic = f"bench.b5.{peer}"
+        # Start from empty files, as B4: what earlier parts left would hide any growth.
+        self.db.run(f"VACUUM FULL {TABLE[peer]}")
+        self.clean()
+        poller = Peer(peer, self.args) if peer != "ours" else None
+        consumer = LatencyConsumer(self.kafka, topic)
+        consumer.start()
+        # The load outlasts the watch by a second, so that the watch ends under load.
+        seconds = B5["warmup"] + B5["baseline"] + hold + B5["after"] + 1
+        begin, began = time.time() * 1000, time.monotonic()
+        load = self.pgbench(latency_script(peer, topic, 1), seconds, rate=B5["rate"], background=True)
+
+        def sleep_until(moment):
+            time.sleep(max(0.0, moment - time.monotonic()))
+
+        sleep_until(began + B5["warmup"] + B5["baseline"])
+        baseline = {"held": None, "from": begin + B5["warmup"] * 1000, **self.footprint(peer)}
+        held = HeldSnapshot(self.args.dsn)
+        baseline["to"] = held_from = time.time() * 1000
+        windows = [baseline]
+        progress(f"B5 {peer}: baseline {baseline['size'] / 2**20:,.1f} MiB, {baseline['dead']:,} dead tuples;"
+                 f" holding the xmin horizon for {hold} s")
+        for i in range(1, hold // B5["every"] + 1):
+            sleep_until(held.began + i * B5["every"])
+            window = {"held": i * B5["every"], "from": held_from + (i - 1) * B5["every"] * 1000,
+                      "to": held_from + i * B5["every"] * 1000, "xmin_age": held.xmin_age(self.db),
+                      **self.footprint(peer)}
+            windows.append(window)
+            so_far = consumer.latencies(enqueued_after=window["from"], enqueued_before=window["to"])
+            stats = percentiles(so_far)
+            progress(f"B5 {peer}: held {held.seconds():.0f} s, xmin age {window['xmin_age']:,}:"
+                     f" {window['size'] / 2**20:,.1f} MiB, {window['dead']:,} dead tuples;"
+                     f" {len(so_far):,} messages of the window received so far"
+                     + (", p50 %(p50).1f ms, p99 %(p99).1f ms" % stats if stats else ""))
+        # The size is read every second after the hold ends, shown every 10 s.
+        ended, ended_at = time.time() * 1000, time.monotonic()
+        held.end()
+        after = []
+        back = 0 if windows[-1]["size"] <= B5["back_within"] * baseline["size"] else None
+        for second in range(1, B5["after"] + 1):
+            sleep_until(ended_at + second)
+            footprint = self.footprint(peer)
+            if back is None and footprint["size"] <= B5["back_within"] * baseline["size"]:
+                back = second
+            if second % B5["after_every"] == 0:
+                after.append((second, footprint["size"]))
+                progress(f"B5 {peer}: {second} s after the hold, {footprint['size'] / 2**20:,.1f} MiB,"
+                         f" {footprint['dead']:,} dead tuples")
+        processed = self.finish_pgbench(load)["processed"]
+        if poller:
+            wait_until(f"B5 {peer}: table empty", lambda: self.db.value(BACKLOG[peer]) == 0, 60, 0.2)
+            poller.stop()
+        else:
+            self.worker.wait_drained(60)
+        wait_until(f"B5 {peer}: every message consumed", lambda: len(consumer.samples) >= processed, 30)
+        consumer.stop()
+        if len(consumer.samples) != processed:
+            raise Broken(f"B5 {peer}: {processed:,} committed, {len(consumer.samples):,} in Kafka")
+        for window in windows:
+            window.update(percentiles(consumer.latencies(enqueued_after=window["from"],
+                                                         enqueued_before=window["to"])) or {})
+        after_stats = percentiles(consumer.latencies(enqueued_after=ended)) or {}
+        progress(f"B5 {peer}: p99 {baseline.get('p99', 0):.1f} ms before the hold,"
+                 f" {windows[-1].get('p99', 0):.1f} ms in its last window;"
+                 f" size back within {B5['back_within']}x of the baseline: "
+                 + (f"after {back} s" if back is not None else f"not within {B5['after']} s"))
+        self.clean()
+        return {"windows": windows, "after": after, "after_stats": after_stats, "back": back}
+
     # the report ----------------------------------------------------------------
 
     def report(self):
@@ -753,6 +889,9 @@ class Bench:
             out += table([("s", "outbox_message kB", "dead tuples", "p99 ms")] + [
                 (str(s), f"{size / 1024:,.0f}", f"{dead:,}", f"{p99:.1f}" if p99 is not None else "-")
                 for s, size, dead, p99 in b4])
+        b5 = self.results.get("b5")
+        if b5:
+            out += self.b5_report(b5)
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -773,6 +912,75 @@ class Bench:
                      last_over_first(segments["tuned"]), "", ">= 1.0 for ours"))
         out += table(rows)
         out.append("  the first segment starts at the first record seen in Kafka")
+        return out
+
+    @staticmethod
+    def b5_report(b5):
+        hold, every = b5["hold"], B5["every"]
+        out = ["", f"B5 held horizon: {B5['rate']:,} msg/s (pgbench -R, one message per transaction, as B3);"
+                   f" after {B5['warmup']} s of warm-up and a {B5['baseline']} s baseline, a REPEATABLE READ"
+                   " transaction holds its snapshot"
+                   f" {hold // 60} min, then {B5['after']} s more load; the seed poller is skipped"
+                   " (it falls behind at 1,000 msg/s, B3)"]
+
+        def latency_cells(stats):
+            return [f"{stats[stat]:,.1f}" if stat in stats else "-" for stat in ("p50", "p99")]
+
+        def p99_ratio(ours, tuned):
+            return f"{ours['p99'] / tuned['p99']:.2f}" if "p99" in ours and "p99" in tuned else ""
+
+        rows = [("window", "held s", "ours p50 ms", "ours p99 ms", "ours MiB", "ours dead tuples",
+                 "tuned p50 ms", "tuned p99 ms", "tuned MiB", "tuned dead tuples", "p99 ours/tuned")]
+        for ours, tuned in zip(b5["ours"]["windows"], b5["tuned"]["windows"]):
+            name = (f"baseline ({B5['baseline']} s)" if ours["held"] is None
+                    else f"hold {ours['held'] - every}-{ours['held']} s")
+            rows.append((name, str(ours["held"] or "-"),
+                         *latency_cells(ours), f"{ours['size'] / 2**20:,.1f}", f"{ours['dead']:,}",
+                         *latency_cells(tuned), f"{tuned['size'] / 2**20:,.1f}", f"{tuned['dead']:,}",
+                         p99_ratio(ours, tuned)))
+        ours, tuned = b5["ours"], b5["tuned"]
+        rows.append((f"after the hold ({B5['after']} s)", "",
+                     *latency_cells(ours["after_stats"]), f"{ours['after'][-1][1] / 2**20:,.1f}", "",
+                     *latency_cells(tuned["after_stats"]), f"{tuned['after'][-1][1] / 2**20:,.1f}", "",
+                     p99_ratio(ours["after_stats"], tuned["after_stats"])))
+        out += table(rows)
+        out.append("  held s: the snapshot's age at the window's end; MiB: every relation of the table"
+                   " (heap, indexes, TOAST) summed over its partitions, and its dead tuples likewise,"
+                   " read at the window's end (after the hold: at the end of the load); p50/p99: the"
+                   " messages enqueued in the window")
+
+        out += ["", f"B5 size after the hold ends, MiB (read every second, shown every {B5['after_every']} s)"]
+        out += table([("s after the hold", "ours MiB", "tuned MiB")] + [
+            (str(second), f"{ours / 2**20:,.1f}", f"{tuned / 2**20:,.1f}")
+            for (second, ours), (_, tuned) in zip(b5["ours"]["after"], b5["tuned"]["after"])])
+
+        def last_over_baseline(peer):
+            windows = b5[peer]["windows"]
+            if "p99" not in windows[0] or "p99" not in windows[-1]:
+                return "-"
+            return f"{windows[-1]['p99'] / windows[0]['p99']:.2f}"
+
+        def slope(peer):
+            """Least squares of p99 against the hold's age at each window's middle, ms per minute."""
+            points = [((w["held"] - every / 2) / 60, w["p99"]) for w in b5[peer]["windows"][1:] if "p99" in w]
+            if len(points) < 2:
+                return "-"
+            mx = sum(x for x, _ in points) / len(points)
+            my = sum(y for _, y in points) / len(points)
+            return "%+.2f" % (sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points))
+
+        def back(peer):
+            seconds = b5[peer]["back"]
+            return f"yes ({seconds} s)" if seconds is not None else f"no (not within {B5['after']} s)"
+
+        out += ["", "B5 targets (evaluated, not asserted)"]
+        out += table([("", "ours", "tuned", "target"),
+                      ("last window p99 / baseline p99", last_over_baseline("ours"), last_over_baseline("tuned"),
+                       "<= 1.5"),
+                      ("p99 slope across the hold windows, ms per minute", slope("ours"), slope("tuned"),
+                       "flat"),
+                      (f"size back to baseline ({B5['back_within']}x) within {B5['after']} s", back("ours"),
+                       back("tuned"), "yes")])
         return out
 
 
@@ -818,9 +1026,10 @@ def main():
     parser.add_argument("--brokers", required=True)
     parser.add_argument("--pg-bin", required=True)
     parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run")
-    parser.add_argument("--soak", action="store_true", help="add B4, 10 minutes")
+    parser.add_argument("--soak", action="store_true",
+                        help="add B4, 10 minutes; B5 holds the horizon 30 minutes, not 5")
     parser.add_argument("--only", type=part_names, metavar="PARTS",
-                        help="run only these parts, e.g. B3 or B2,B3 (B4 without --soak too)")
+                        help="run only these parts, e.g. B5 or B2,B5 (B4 without --soak too)")
     parser.add_argument("--command", default=" ".join(sys.argv))
     args = parser.parse_args()
 
@@ -830,9 +1039,9 @@ def main():
     bench.kafka.create_topics(["crm.sync", "coupon.welcome"]
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
-                              + ["bench.b4.ours"])
+                              + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1), "B3": ("B3 latency", bench.b3),
-            "B4": ("B4 soak", bench.b4)}
+            "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:
