@@ -2,7 +2,8 @@
 # found by pg_config and the system's librdkafka.
 
 EXTENSION = outbox
-DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.1.0--0.2.0.sql
+DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
+	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
@@ -12,6 +13,7 @@ OBJS = \
 	src/pipeline.o \
 	src/producer.o \
 	src/store.o \
+	src/segment.o \
 	src/status.o \
 	src/settings.o \
 	src/worker_slot.o

@@ -17,6 +17,7 @@
 
 #include "access/detoast.h"
 #include "access/xact.h"
+#include "catalog/partition.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
@@ -51,6 +52,9 @@
 
 /* Set when this transaction wrote an outbox row; the commit wakes the worker. */
 static bool wake_worker_at_commit = false;
+
+/* The lowest id this transaction wrote, while wake_worker_at_commit is set. */
+static int64 lowest_id_written;
 
 /*
  * Set while outbox_enqueue() inserts the row it has checked and whose key it
@@ -377,15 +381,18 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 }
 
 /*
- * The outbox's table, its id column and the sequence of its ids: the ones
- * beside the trigger function, found once per query (so never stale after
- * ALTER EXTENSION UPDATE, which replaces the sequence).
+ * The outbox's table and the sequence of its ids, the ones beside the
+ * trigger function; the segment the trigger fires on, once it is known to
+ * be one of that table's, and its id column.  Found once per query and
+ * segment (so never stale after ALTER EXTENSION UPDATE, which replaces the
+ * table and the sequence): each segment has its own copy of the trigger.
  */
 typedef struct OutboxRelations
 {
 	Oid			table;
-	AttrNumber	id_attnum;
 	Oid			id_sequence;
+	Oid			segment;
+	AttrNumber	id_attnum;
 } OutboxRelations;
 
 static OutboxRelations *
@@ -398,13 +405,22 @@ outbox_relations(FunctionCallInfo fcinfo)
 	{
 		Oid			namespace = get_func_namespace(flinfo->fn_oid);
 
-		found = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(OutboxRelations));
+		found = MemoryContextAllocZero(flinfo->fn_mcxt, sizeof(OutboxRelations));
 		found->table = get_relname_relid("outbox_message", namespace);
-		found->id_attnum = get_attnum(found->table, "id");
 		found->id_sequence = get_relname_relid("outbox_message_id_seq", namespace);
 		flinfo->fn_extra = found;
 	}
 	return found;
+}
+
+/* Is rel the outbox's table, or one of its segments? */
+static bool
+is_outbox_table(Relation rel, Oid table)
+{
+	if (RelationGetRelid(rel) == table)
+		return true;			/* under schema 0.1.0 and 0.2.0 */
+	return rel->rd_rel->relispartition &&
+		get_partition_parent(RelationGetRelid(rel), false) == table;
 }
 
 /*
@@ -412,17 +428,34 @@ outbox_relations(FunctionCallInfo fcinfo)
  * table's columns as the outbox's types and takes key locks: attached to a
  * table of another shape it would read a number as a pointer and crash the
  * server, and on a look-alike table it would let any role take the key
- * locks of another.
+ * locks of another.  Returns the table's id column.
  */
-static void
+static AttrNumber
 check_fires_on_outbox(FunctionCallInfo fcinfo, Relation rel)
 {
-	if (RelationGetRelid(rel) != outbox_relations(fcinfo)->table)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("outbox_message_check() fires only on the outbox's own table, not on \"%s\"",
-						RelationGetRelationName(rel)),
-				 errhint("To enqueue, call outbox_enqueue() or insert into outbox_message.")));
+	OutboxRelations *outbox = outbox_relations(fcinfo);
+
+	if (outbox->segment != RelationGetRelid(rel))
+	{
+		if (!is_outbox_table(rel, outbox->table))
+			ereport(ERROR,
+					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+					 errmsg("outbox_message_check() fires only on the outbox's own table, not on \"%s\"",
+							RelationGetRelationName(rel)),
+					 errhint("To enqueue, call outbox_enqueue() or insert into outbox_message.")));
+		outbox->segment = RelationGetRelid(rel);
+		outbox->id_attnum = get_attnum(outbox->segment, "id");
+	}
+	return outbox->id_attnum;
+}
+
+/* Note a row this transaction writes, for the wake and the claim floor. */
+static void
+note_row_written(int64 id)
+{
+	if (!wake_worker_at_commit || id < lowest_id_written)
+		lowest_id_written = id;
+	wake_worker_at_commit = true;
 }
 
 /*
@@ -450,9 +483,8 @@ outbox_message_check(PG_FUNCTION_ARGS)
 		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
 
 	rel = trigdata->tg_relation;
-	check_fires_on_outbox(fcinfo, rel);
+	id_attnum = check_fires_on_outbox(fcinfo, rel);
 	tuple = trigdata->tg_trigtuple;
-	wake_worker_at_commit = true;
 	checked = inserting_checked_row;
 	inserting_checked_row = false;
 
@@ -465,10 +497,12 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * filled in every id, and no row is taken for a restored one.
 	 */
 	desc = RelationGetDescr(rel);
-	id_attnum = outbox_relations(fcinfo)->id_attnum;
-	if (!heap_attisnull(tuple, id_attnum, desc) &&
-		TupleDescAttr(desc, id_attnum - 1)->attidentity == '\0')
+	id = heap_getattr(tuple, id_attnum, desc, &id_isnull);
+	if (!id_isnull && TupleDescAttr(desc, id_attnum - 1)->attidentity == '\0')
+	{
+		note_row_written(DatumGetInt64(id));
 		return PointerGetDatum(tuple);
+	}
 
 	/* outbox_enqueue() has checked its row and locked its key */
 	if (!checked)
@@ -485,13 +519,20 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	 * privilege on the sequence is checked: no role but the owner has one.
 	 */
 	id = Int64GetDatum(nextval_internal(outbox_relations(fcinfo)->id_sequence, false));
+	id_isnull = false;
+	note_row_written(DatumGetInt64(id));
 	return PointerGetDatum(heap_modify_tuple_by_cols(tuple, desc, 1,
 													 &id_attnum, &id, &id_isnull));
 }
 
 /*
- * At commit of a transaction that wrote outbox rows, wake the publisher of
- * this database, once however many rows it wrote.  An abort forgets the wake.
+ * At commit of a transaction that wrote outbox rows, tell the publisher of
+ * this database the lowest id it wrote (which its claim may have passed
+ * while the transaction was in progress: see store.c's claim floor) and
+ * wake it, once however many rows it wrote.  The callback runs once the
+ * transaction is visible to new snapshots.  A prepared transaction's rows
+ * commit later, from any session: its lowest id holds the claim floor down
+ * until no prepared transaction is left.  An abort forgets it all.
  */
 static void
 wake_worker_at_transaction_end(XactEvent event, void *arg)
@@ -503,12 +544,16 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
+			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
 			worker_wake_publisher(MyDatabaseId);
+			wake_worker_at_commit = false;
+			break;
+		case XACT_EVENT_PREPARE:
+			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, true);
 			wake_worker_at_commit = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
 			wake_worker_at_commit = false;
 			break;
 		default:

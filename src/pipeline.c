@@ -414,7 +414,12 @@ begin_turn_transaction(void)
 	pgstat_report_activity(STATE_RUNNING, "outbox: claiming a batch");
 }
 
-/* Commit; CommitTransactionCommand() leaves TopMemoryContext current. */
+/*
+ * Commit; CommitTransactionCommand() leaves TopMemoryContext current.  Then
+ * report the turn's table statistics (at most once a second, as a backend
+ * does between statements), so that autovacuum counts the rows the worker
+ * deleted.
+ */
 static void
 commit_turn_transaction(MemoryContext turn_context)
 {
@@ -422,14 +427,15 @@ commit_turn_transaction(MemoryContext turn_context)
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(turn_context);
+	pgstat_report_stat(false);
 }
 
 /*
- * The half of a turn in its transaction: purge old sent rows, claim the
- * next batch (unless the worker is stopping), settle the batch in flight;
- * or, with none in flight, produce the claimed batch at once, and settle it
- * too if it is partial.  Returns the extension's oid, or InvalidOid without
- * the extension; sets *next_retry_ms when nothing more waits to be claimed.
+ * The half of a turn in its transaction: claim the next batch (unless the
+ * worker is stopping), settle the batch in flight; or, with none in flight,
+ * produce the claimed batch at once, and settle it too if it is partial.
+ * Returns the extension's oid, or InvalidOid without the extension; sets
+ * *next_retry_ms when nothing more waits to be claimed.
  */
 static Oid
 turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry_ms)
@@ -439,11 +445,7 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry
 	begin_turn_transaction();
 	extension = store_find_extension();
 	if (OidIsValid(extension) && !ShutdownRequestPending)
-	{
-		if (outbox_sent_retention > 0)
-			store_purge_sent();
 		claim_batch(next, extension, in_flight);
-	}
 
 	if (in_flight)
 		settle_batch(p, in_flight, extension);
@@ -476,6 +478,7 @@ turn_after_commit(Pipeline *p, Batch *next, Batch *settled)
 		empty_batch(next);
 	if (next->state != BATCH_CLAIMED)
 		return false;
+	store_lower_claim_floor(next->messages[0].id);
 	empty_batch(next);
 	return true;
 }

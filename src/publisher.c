@@ -31,6 +31,7 @@
 #include "utils/memutils.h"
 
 #include "pipeline.h"
+#include "segment.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -147,10 +148,33 @@ connect_to_database(void)
 	worker_end_connecting(MyDatabaseId);
 }
 
+/* When the drained segments are next to be truncated. */
+static TimestampTz reclaim_at = 0;
+
+/*
+ * Truncate the drained segments, between two turns, when due; lower
+ * *wait_ms to the time until it is due again.
+ */
+static void
+reclaim_segments_when_due(long *wait_ms)
+{
+	MemoryContext loop_context = CurrentMemoryContext;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (now >= reclaim_at)
+	{
+		long		next_ms = segments_reclaim();
+
+		MemoryContextSwitchTo(loop_context);
+		reclaim_at = TimestampTzPlusMilliseconds(now, next_ms);
+	}
+	*wait_ms = Min(*wait_ms, TimestampDifferenceMilliseconds(now, reclaim_at));
+}
+
 /*
  * One pass of the loop: reload the settings if asked, get the producer
- * ready, and run a turn of the pipeline.  Returns true to go on at once;
- * else *wait_ms says how long to sleep.
+ * ready, run a turn of the pipeline, and truncate the drained segments.
+ * Returns true to go on at once; else *wait_ms says how long to sleep.
  */
 static bool
 publish_once(Pipeline *pipeline, long *wait_ms)
@@ -173,8 +197,9 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 	{
 		case TURN_NO_EXTENSION:
 			worker_report_state(WORKER_WAITING_FOR_EXTENSION);
-			break;
+			return false;
 		case TURN_GO_ON:
+			reclaim_segments_when_due(wait_ms);
 			return true;
 		case TURN_DRAINED:
 			worker_report_state(WORKER_IDLE);
@@ -182,6 +207,7 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 				*wait_ms = Min(*wait_ms, next_retry_ms);
 			break;
 	}
+	reclaim_segments_when_due(wait_ms);
 	return false;
 }
 

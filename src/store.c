@@ -4,7 +4,7 @@
  *	  The publishing worker's SQL: claim a batch of messages; record what
  *	  Kafka said of a batch: delete (or mark sent) the delivered messages,
  *	  schedule retries for the failed ones and move the hopeless ones to
- *	  outbox_dead_letter; purge old sent rows.
+ *	  outbox_dead_letter.  The claim floor, from which a claim starts.
  *
  * Every statement is prepared once per extension schema and takes the whole
  * batch as arrays, so a batch costs a handful of statements whatever its
@@ -36,11 +36,9 @@
 #include "store.h"
 #include "worker_slot.h"
 
-/* Sent rows older than outbox.sent_retention are deleted this many at a time. */
-#define PURGE_BATCH_ROWS 1000
-
 typedef enum StoreStatement
 {
+	STMT_CLAIM_RETRIES,
 	STMT_CLAIM_BELOW,
 	STMT_CLAIM_AMONG,
 	STMT_CLAIM_ABOVE,
@@ -49,8 +47,8 @@ typedef enum StoreStatement
 	STMT_MARK_SENT,
 	STMT_RETRY,
 	STMT_DEAD_LETTER,
-	STMT_PURGE_SENT,
 	STMT_NEXT_RETRY,
+	STMT_PREPARED_EXIST,
 	STMT_COUNT
 } StoreStatement;
 
@@ -59,7 +57,7 @@ typedef struct StoreStatementDef
 	const char *name;			/* for error messages */
 	const char *sql;			/* %1$s is the extension's schema */
 	int			nargs;
-	Oid			argtypes[3];
+	Oid			argtypes[4];
 } StoreStatementDef;
 
 /*
@@ -69,7 +67,13 @@ typedef struct StoreStatementDef
  * wait for next_attempt_at: a pending row's is the start of the transaction
  * that wrote it, which can be later than this transaction's now() although
  * the row is committed and visible, and skipping it would let the next
- * message of its key overtake it.
+ * message of its key overtake it.  Whether any message waits to retry is
+ * asked once per statement (an InitPlan), so that a claim with none spends
+ * no probe per row on each segment's index.
+ *
+ * It walks from the claim floor, $4 (see "The claim floor" below), or from
+ * the index's left edge when $4 is NULL; the retries due below the floor
+ * are claimed first, from the index of retrying rows.
  *
  * The rows of the batch still in flight are no longer locked, since the
  * transaction that claimed them has committed, so the claim leaves them out
@@ -88,18 +92,27 @@ typedef struct StoreStatementDef
 		" WHERE " ids_to_claim " AND ($3 IS NULL OR m.id > $3)" \
 		"   AND m.state <> 'sent'" \
 		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
-		"   AND (m.key IS NULL OR NOT EXISTS (" \
+		"   AND (m.key IS NULL" \
+		"        OR (SELECT NOT EXISTS (SELECT FROM %1$s.outbox_message WHERE state = 'retrying'))" \
+		"        OR NOT EXISTS (" \
 		"        SELECT FROM %1$s.outbox_message earlier" \
 		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic" \
 		"           AND earlier.key = m.key AND earlier.id < m.id))" \
 		" ORDER BY m.id LIMIT $1" \
 		" FOR UPDATE OF m SKIP LOCKED"
 
+#define ABOVE_FLOOR "($4 IS NULL OR m.id >= $4) AND "
+
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
-	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL("m.id < $2"), 3, {INT4OID, INT8OID, INT8OID}},
-	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL("m.id = ANY ($2)"), 3, {INT4OID, INT8ARRAYOID, INT8OID}},
-	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL("m.id > $2"), 3, {INT4OID, INT8OID, INT8OID}},
-	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL("m.id <> ALL ($2)"), 3, {INT4OID, INT8ARRAYOID, INT8OID}},
+	[STMT_CLAIM_RETRIES] = {
+		"claim the retries due below the claim floor",
+		CLAIM_SQL("m.state = 'retrying' AND m.id < $4 AND m.id <> ALL ($2)"),
+		4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}
+	},
+	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id < $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}},
+	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id = ANY ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}},
+	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id > $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}},
+	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id <> ALL ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}},
 	/*
 	 * One scan of the primary key's range ($2, $3) instead of a descent per
 	 * id: the ids are tested against the array, hashed, as a filter, which
@@ -157,20 +170,17 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		" SELECT id FROM moved ORDER BY id",
 		2, {INT8ARRAYOID, TEXTARRAYOID}
 	},
-	[STMT_PURGE_SENT] = {
-		"purge sent messages",
-		"DELETE FROM %1$s.outbox_message WHERE id IN ("
-		"  SELECT id FROM %1$s.outbox_message"
-		"   WHERE state = 'sent'"
-		"     AND sent_at < pg_catalog.now() - $1::pg_catalog.float8 * interval '1 second'"
-		"   LIMIT " CppAsString2(PURGE_BATCH_ROWS) ")",
-		1, {INT4OID}
-	},
 	[STMT_NEXT_RETRY] = {
 		"find the next retry",
 		"SELECT (extract(epoch FROM pg_catalog.min(next_attempt_at) - pg_catalog.clock_timestamp())"
 		"        * 1000::pg_catalog.numeric)::pg_catalog.int8"
 		"  FROM %1$s.outbox_message WHERE state = 'retrying'",
+		0, {InvalidOid}
+	},
+	[STMT_PREPARED_EXIST] = {
+		"look for prepared transactions",
+		"SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts"
+		"                WHERE database = pg_catalog.current_database())",
 		0, {InvalidOid}
 	},
 };
@@ -179,6 +189,38 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 #define DELETE_RUN_GAP 1000
 
 static SPIPlanPtr plans[STMT_COUNT];
+
+/*
+ * The claim floor.  Deleting a delivered row leaves its index entries
+ * until VACUUM removes them, which it cannot while a transaction anywhere
+ * holds back the xmin horizon; a claim that started from the left edge of
+ * the index would walk every one of them, at every claim.  So the claim
+ * starts from the floor: every row with a lower id is delivered, in
+ * flight, waiting to retry, or held back behind a row waiting to retry.
+ * The floor moves up past each batch claimed, and down again to the id of
+ * any row that may now wait below it:
+ *
+ * - a transaction that committed rows below it (it drew their ids before
+ *   the floor passed them, and committed after): each reports its lowest
+ *   id at commit, after it is visible (enqueue.c, worker_lower_claim_floor());
+ * - a prepared transaction, which may commit at any time later: its lowest
+ *   id holds the floor down until no prepared transaction is left in the
+ *   database (worker_hold_claim_floor());
+ * - a batch, or a message, that was claimed but left as it was (not
+ *   produced, not sent, held back behind a failure), and a message that
+ *   had waited to retry and is now delivered or dead-lettered, behind
+ *   which the later messages of its key may wait (store_record_outcomes());
+ * - a row that another session had locked when the claim passed it: no
+ *   claim can see that, so every outbox.poll_interval the claim starts from
+ *   the left edge once again.
+ *
+ * Unknown (from the left edge) when the worker starts and when the
+ * extension changes.
+ */
+static bool claim_floor_known = false;
+static int64 claim_floor = 0;
+static TimestampTz claim_floor_rescanned_at = 0;
+static bool prepared_looked_for = false;
 static Oid	plans_namespace = InvalidOid;
 static Oid	plans_extension = InvalidOid;
 
@@ -219,6 +261,7 @@ forget_extension(void)
 	}
 	plans_namespace = InvalidOid;
 	plans_extension = InvalidOid;
+	claim_floor_known = false;
 }
 
 /*
@@ -278,6 +321,13 @@ store_find_extension(void)
 	plans_namespace = namespace;
 	plans_extension = extension;
 	return extension;
+}
+
+/* The schema of the extension store_find_extension() last found. */
+Oid
+store_extension_namespace(void)
+{
+	return plans_namespace;
 }
 
 /* Run a prepared statement; anything but the expected result is an ERROR. */
@@ -447,22 +497,26 @@ last_claimed_id(void)
 }
 
 /*
- * Run one claim statement, ids being its range, until the batch is full or
+ * Run one claim statement, ids being its range and floor the claim's floor
+ * (if known), until the batch is full or
  * the range has no more rows to claim; a few rows at a time when they are
  * large, so that SPI's result, and the rows locked, stay within the limits.
  */
 static void
-claim_more(Claim *c, StoreStatement stmt, Datum ids)
+claim_more(Claim *c, StoreStatement stmt, Datum ids, Datum floor, bool floor_known)
 {
-	Datum		args[3] = {0, ids, 0};
+	Datum		args[4] = {0, ids, 0, floor};
 
 	/*
-	 * No bound past which to go on yet: a NULL, which the custom plan folds
-	 * away.  A constant below every id would make the planner read the
-	 * index's actual lowest entry (get_actual_variable_range()), walking
-	 * every dead entry a drain leaves at its left edge, at each claim.
+	 * No bound past which to go on yet, and no floor when it is unknown: a
+	 * NULL, which the custom plan folds away.  A constant below every id
+	 * would make the planner read the index's actual lowest entry
+	 * (get_actual_variable_range()), walking every dead entry a drain
+	 * leaves at its left edge, at each claim.
 	 */
-	char		nulls[4] = "  n";
+	char		nulls[5] = "  nn";
+
+	nulls[3] = floor_known ? ' ' : 'n';
 
 	while (!c->full)
 	{
@@ -538,21 +592,118 @@ mean_bytes(const OutboxMessage *messages, int count)
 	return count > 0 ? Max(bytes / count, 1) : 0;
 }
 
+/* Let the floor down to id, if it is above. */
+void
+store_lower_claim_floor(int64 id)
+{
+	if (claim_floor_known && id < claim_floor)
+		claim_floor = id;
+}
+
+/* Is any prepared transaction left in this database? */
+static bool
+prepared_transactions_exist(void)
+{
+	bool		isnull;
+
+	run(STMT_PREPARED_EXIST, NULL, SPI_OK_SELECT);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * Where this claim starts: the floor, let down by what committed below it
+ * since the last claim, and held down by prepared transactions; with
+ * *known false, from the left edge (see "The claim floor").  Called before
+ * the claim takes its snapshot, so that any transaction that reported its
+ * ids in time is visible to it.
+ */
+static int64
+claim_floor_for_claim(bool *known)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		prepared;
+	int64		floor;
+
+	/* one prepared before this worker started has told no one */
+	if (!prepared_looked_for)
+	{
+		if (prepared_transactions_exist())
+			worker_hold_claim_floor(PG_INT64_MIN);
+		prepared_looked_for = true;
+	}
+	if (now >= TimestampTzPlusMilliseconds(claim_floor_rescanned_at, outbox_poll_interval))
+	{
+		claim_floor_known = false;
+		claim_floor_rescanned_at = now;
+	}
+	store_lower_claim_floor(worker_take_claim_floor_request());
+	floor = claim_floor;
+	*known = claim_floor_known;
+	if (worker_claim_floor_held(&prepared))
+	{
+		if (!prepared_transactions_exist() && worker_release_claim_floor(prepared))
+			store_lower_claim_floor(prepared);
+		floor = Min(Min(floor, prepared), claim_floor);
+	}
+	if (floor == PG_INT64_MIN)
+		*known = false;			/* from the left edge, without a bound to probe */
+	return floor;
+}
+
+/*
+ * The claim statements in the order of the ids they claim: the retries due
+ * below the floor, then the rows from the floor on, around the batch in
+ * flight.  Returns whether any row at or above the floor was claimed, whose
+ * last one moves the floor up.
+ */
+static bool
+claim_in_order(Claim *c, const OutboxMessage *in_flight, int in_flight_count,
+			   Datum floor, bool floor_known)
+{
+	int			below_floor;
+
+	if (floor_known)
+		claim_more(c, STMT_CLAIM_RETRIES, ids_array(in_flight, in_flight_count), floor, true);
+	below_floor = c->count;
+
+	/* with none in flight above the floor, "all but none": no bound for the planner to probe */
+	if (in_flight_count == 0 ||
+		(floor_known && in_flight[in_flight_count - 1].id < DatumGetInt64(floor)))
+		claim_more(c, STMT_CLAIM_EXCEPT, ids_array(in_flight, 0), floor, floor_known);
+	else if (count_gaps(in_flight, in_flight_count) > c->max_count)
+		claim_more(c, STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count), floor, floor_known);
+	else
+	{
+		claim_more(c, STMT_CLAIM_BELOW, Int64GetDatum(in_flight[0].id), floor, floor_known);
+		if (count_gaps(in_flight, in_flight_count) > 0)
+			claim_more(c, STMT_CLAIM_AMONG, gaps_array(in_flight, in_flight_count), floor, floor_known);
+		claim_more(c, STMT_CLAIM_ABOVE, Int64GetDatum(in_flight[in_flight_count - 1].id), floor, floor_known);
+	}
+	return c->count > below_floor;
+}
+
 /*
  * Claim up to max_count messages, of up to max_bytes together (but at least
  * one), in id order, locked until the transaction ends, leaving out the
- * in_flight ones (in id order, as claimed): by index ranges below, among and
- * above them, unless the ids among them that are not theirs are too many to
- * list.  The messages are allocated in the caller's memory context.  Sets
- * *full if a limit ended the batch: then more rows may wait, from the id
- * after its last on.
+ * in_flight ones (in id order, as claimed).  The messages are allocated in
+ * the caller's memory context.  Sets *full if a limit ended the batch: then
+ * more rows may wait, from the id after its last on.  Must be called before
+ * the turn's snapshot is taken.
  */
 int
 store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max_bytes,
 				  const OutboxMessage *in_flight, int in_flight_count)
 {
 	Claim		c = {0};
+	MemoryContext caller = CurrentMemoryContext;
+	bool		floor_known;
+	int64		floor = claim_floor_for_claim(&floor_known);
 
+	/*
+	 * A statement run under SPI returns in SPI's procedure context, which
+	 * the commit frees: the batch is the caller's, and outlives it.
+	 */
+	MemoryContextSwitchTo(caller);
 	c.messages = palloc(sizeof(OutboxMessage) * Max(max_count, 1));
 	c.max_count = max_count;
 	c.max_bytes = max_bytes;
@@ -560,18 +711,13 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	c.full = max_count <= 0;
 	c.context = CurrentMemoryContext;
 
-	/* with none in flight, "all but none": no bound for the planner to probe */
-	if (in_flight_count == 0)
-		claim_more(&c, STMT_CLAIM_EXCEPT, ids_array(in_flight, 0));
-	else if (count_gaps(in_flight, in_flight_count) > max_count)
-		claim_more(&c, STMT_CLAIM_EXCEPT, ids_array(in_flight, in_flight_count));
-	else
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (claim_in_order(&c, in_flight, in_flight_count, Int64GetDatum(floor), floor_known))
 	{
-		claim_more(&c, STMT_CLAIM_BELOW, Int64GetDatum(in_flight[0].id));
-		if (count_gaps(in_flight, in_flight_count) > 0)
-			claim_more(&c, STMT_CLAIM_AMONG, gaps_array(in_flight, in_flight_count));
-		claim_more(&c, STMT_CLAIM_ABOVE, Int64GetDatum(in_flight[in_flight_count - 1].id));
+		claim_floor = Max(floor_known ? claim_floor : PG_INT64_MIN, c.messages[c.count - 1].id + 1);
+		claim_floor_known = true;
 	}
+	PopActiveSnapshot();
 	*messages = c.messages;
 	*full = c.full;
 	return c.count;
@@ -832,6 +978,9 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 	{
 		OutboxMessage *m = &messages[i];
 
+		/* it stays below the floor, or the later messages of its key may */
+		if (m->outcome != DELIVERY_OK || m->attempts > 0)
+			store_lower_claim_floor(m->id);
 		if (m->outcome == DELIVERY_OK)
 			delivered[recorded->delivered++] = m;
 		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))
@@ -873,15 +1022,6 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 	}
 	if (retries.count > 0 && run_isolated("schedule retries", schedule_retries, &retries) == NULL)
 		recorded->retries_scheduled += retries.count;
-}
-
-/* Delete one small batch of sent rows older than outbox.sent_retention. */
-void
-store_purge_sent(void)
-{
-	Datum		args[1] = {Int32GetDatum(outbox_sent_retention)};
-
-	run(STMT_PURGE_SENT, args, SPI_OK_DELETE);
 }
 
 /* Milliseconds until the next retry is due, or -1 if none waits. */

@@ -2,7 +2,7 @@
  *
  * store.h
  *	  The publishing worker's statements on the outbox tables: claim a
- *	  batch, record what Kafka said about it, purge old sent rows.
+ *	  batch, record what Kafka said about it.
  *
  *-------------------------------------------------------------------------
  */
@@ -26,7 +26,8 @@ extern int	store_claim_batch(OutboxMessage **messages, bool *full,
 extern void store_record_outcomes(OutboxMessage *messages, int count,
 								  RecordedOutcomes *recorded);
 extern char *store_describe_failure(const OutboxMessage *m);
-extern void store_purge_sent(void);
+extern void store_lower_claim_floor(int64 id);
+extern Oid	store_extension_namespace(void);
 extern long store_ms_until_next_retry(void);
 
 #endif							/* OUTBOX_STORE_H */

@@ -14,7 +14,9 @@
  * before it is acquired), and SetLatch() only after it is released.  The
  * counters are atomics, added to by the slot's worker only and read by
  * anyone without the lock.  Only the slot's own worker writes it, except
- * fatal_error_drill, which outbox_simulate_fatal_error() sets.
+ * fatal_error_drill, which outbox_simulate_fatal_error() sets, and the two
+ * atomic ids of its claim floor, which any backend of its database lowers
+ * (compare-and-swap) and only the worker raises.
  *
  * A worker's report functions may also run inside librdkafka's callbacks:
  * those run on the worker's own thread, from rd_kafka_poll() (producer.c),
@@ -52,7 +54,41 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 retries_scheduled;
 	pg_atomic_uint64 dead_lettered;
 	pg_atomic_uint32 fatal_error_drill; /* see outbox_simulate_fatal_error() */
+	pg_atomic_uint64 committed_below;	/* lowest id committed since the worker
+										 * last looked, or NO_ID (store.c's
+										 * claim floor) */
+	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
+										 * or NO_ID */
 } OutboxWorkerSlot;
+
+/*
+ * Ids in those atomics, in an order-keeping unsigned form; NO_ID is above
+ * all.  (The id PG_INT64_MAX cannot be told from none: no sequence reaches
+ * it.)
+ */
+#define NO_ID PG_UINT64_MAX
+
+static uint64
+encode_id(int64 id)
+{
+	return (uint64) id ^ (UINT64CONST(1) << 63);
+}
+
+static int64
+decode_id(uint64 v)
+{
+	return (int64) (v ^ (UINT64CONST(1) << 63));
+}
+
+/* Lower the atomic v to x, if it is above. */
+static void
+atomic_lower(pg_atomic_uint64 *v, uint64 x)
+{
+	uint64		old = pg_atomic_read_u64(v);
+
+	while (x < old && !pg_atomic_compare_exchange_u64(v, &old, x))
+		;
+}
 
 typedef struct OutboxShared
 {
@@ -120,6 +156,8 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u64(&slot->retries_scheduled, 0);
 			pg_atomic_init_u64(&slot->dead_lettered, 0);
 			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
+			pg_atomic_init_u64(&slot->committed_below, NO_ID);
+			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -221,6 +259,32 @@ worker_wake_publisher(Oid database)
 	}
 }
 
+/*
+ * Tell the publisher of this database that a transaction committed
+ * (prepared false) or prepared (true) rows from the id lowest on: its claim
+ * floor comes down to it.  Call it once the transaction is visible to new
+ * snapshots, and before the wake.  A publisher not yet connected starts
+ * from the left edge anyway.
+ */
+void
+worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
+{
+	for (int i = 0; i < shared->slot_count; i++)
+	{
+		OutboxWorkerSlot *slot = &shared->slots[i];
+		Oid			served;
+
+		if (slot->kind != WORKER_KIND_PUBLISHER)
+			continue;
+		SpinLockAcquire(&slot->mutex);
+		served = slot->database;
+		SpinLockRelease(&slot->mutex);
+		if (served == database)
+			atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
+						 encode_id(lowest));
+	}
+}
+
 /* Ask every publisher's producer to fail fatally during its next batch. */
 void
 worker_request_fatal_error_drill(void)
@@ -267,6 +331,8 @@ worker_slot_attach(int i)
 	my_slot->brokers_reachable = false;
 	my_slot->started_at = now;
 	SpinLockRelease(&my_slot->mutex);
+	pg_atomic_write_u64(&my_slot->committed_below, NO_ID);
+	pg_atomic_write_u64(&my_slot->prepared_below, NO_ID);
 	on_shmem_exit(detach, 0);
 }
 
@@ -371,4 +437,45 @@ bool
 worker_take_fatal_error_drill(void)
 {
 	return pg_atomic_exchange_u32(&my_slot->fatal_error_drill, 0) != 0;
+}
+
+/*
+ * The lowest id committed below this worker's claim floor since it last
+ * asked, or PG_INT64_MAX if none.
+ */
+int64
+worker_take_claim_floor_request(void)
+{
+	uint64		v = pg_atomic_exchange_u64(&my_slot->committed_below, NO_ID);
+
+	return v == NO_ID ? PG_INT64_MAX : decode_id(v);
+}
+
+/* Hold this worker's claim floor down to lowest, for a prepared transaction. */
+void
+worker_hold_claim_floor(int64 lowest)
+{
+	atomic_lower(&my_slot->prepared_below, encode_id(lowest));
+}
+
+/* Is the claim floor held down for a prepared transaction?  To what id? */
+bool
+worker_claim_floor_held(int64 *lowest)
+{
+	uint64		v = pg_atomic_read_u64(&my_slot->prepared_below);
+
+	*lowest = decode_id(v);
+	return v != NO_ID;
+}
+
+/*
+ * Release the hold at lowest, once no prepared transaction is left; fails
+ * (returns false) if a transaction prepared since, lowering it again.
+ */
+bool
+worker_release_claim_floor(int64 lowest)
+{
+	uint64		expected = encode_id(lowest);
+
+	return pg_atomic_compare_exchange_u64(&my_slot->prepared_below, &expected, NO_ID);
 }

@@ -61,6 +61,7 @@ extern int	worker_slot_count(void);
 extern bool worker_slot_read(int slot, WorkerStatus *status);
 extern const char *worker_state_name(OutboxWorkerState state);
 extern void worker_wake_publisher(Oid database);
+extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_request_fatal_error_drill(void);
 
 /* In a worker, about itself, once attached to its slot. */
@@ -74,5 +75,9 @@ extern void worker_report_error(int elevel, const char *fmt,...) pg_attribute_pr
 extern void worker_count_outcomes(uint64 published, uint64 retries_scheduled,
 								  uint64 dead_lettered);
 extern bool worker_take_fatal_error_drill(void);
+extern int64 worker_take_claim_floor_request(void);
+extern void worker_hold_claim_floor(int64 lowest);
+extern bool worker_claim_floor_held(int64 *lowest);
+extern bool worker_release_claim_floor(int64 lowest);
 
 #endif							/* OUTBOX_WORKER_SLOT_H */

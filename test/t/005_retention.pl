@@ -1,5 +1,6 @@
 # With outbox.sent_retention, a delivered row stays as 'sent' with where it
-# went, then is purged; the claim does not walk the rows kept as sent.
+# went, then goes when its segment is truncated; the claim does not walk the
+# rows kept as sent.
 use strict;
 use warnings;
 
@@ -24,15 +25,16 @@ is($node->safe_psql('postgres',
 is($node->safe_psql('postgres', "SELECT sent_retained FROM outbox_status WHERE topic = '$topic'"), '1',
 	'outbox_status counts it as sent');
 ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE id = $id", '0', 30),
-	'it is purged once older than outbox.sent_retention');
+	'it goes, with its segment, once older than outbox.sent_retention');
 
-# Many rows kept as sent: the claim reads the partial index of waiting rows.
+# Many rows kept as sent, in every segment: the claim reads the partial
+# index of waiting rows.
 # (Rows that come with their id are taken as restored ones, which keep
 # their state; only the owner may write the id.)
 $node->safe_psql('postgres', qq{
-	INSERT INTO outbox_message (id, topic, payload, state, sent_at)
-	SELECT nextval('outbox_message_id_seq'), '$topic', 'old', 'sent', now() + interval '1 day'
-	  FROM generate_series(1, 50000);
+	INSERT INTO outbox_message (id, topic, payload, state, sent_at, segment)
+	SELECT nextval('outbox_message_id_seq'), '$topic', 'old', 'sent', now() + interval '1 day', i % 4
+	  FROM generate_series(1, 50000) i;
 	ANALYZE outbox_message;
 });
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox,auto_explain'\n"
@@ -44,9 +46,10 @@ ok(wait_for_query($node, "SELECT state FROM outbox_message WHERE id = $new", 'se
 my $log = slurp_file($node->logfile);
 my ($claim_plan) = $log =~ /(Query Text: SELECT m\.id, m\.message_id.*?)(?=\n\S|\z)/s;
 ok(defined $claim_plan, 'the worker\'s claim was explained');
-like($claim_plan // '', qr/Index Scan using outbox_message_waiting/,
-	'the claim scans the index of waiting rows only');
-unlike($claim_plan // '', qr/Seq Scan on outbox_message/, 'and never the whole table');
+my $segment = $node->safe_psql('postgres', "SELECT tableoid::regclass FROM outbox_message WHERE id = $new");
+like($claim_plan // '', qr/Index Scan using ${segment}_waiting on $segment m/,
+	"the claim scans the index of waiting rows of $segment, which holds 12,500 of them");
+unlike($claim_plan // '', qr/Seq Scan on $segment m/, 'and never that whole segment');
 
 $node->stop('fast');
 done_testing();

@@ -1,12 +1,14 @@
-# ALTER EXTENSION outbox UPDATE from 0.1.0 to 0.2.0, with messages in every
-# state: pending, retrying, sent (kept under outbox.sent_retention) and
-# dead-lettered.  The library is the new one from the start, as after an
-# upgrade's restart, so this also shows it serving the 0.1.0 schema.
+# ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0) to
+# the current one (0.3.0), with messages in every state: pending, retrying,
+# sent (kept under outbox.sent_retention) and dead-lettered.  The library is
+# the new one from the start, as after an upgrade's restart, so this also
+# shows it serving the earlier schemas.
 #
-# After the update: the schema is the one a fresh 0.2.0 install makes; every
+# After the update: the schema is the one a fresh install makes; every
 # pending and retrying message is delivered, in id order per key; the sent
 # rows and dead letters are intact and a dead letter can be requeued and is
-# delivered; new ids are above every old one; the trigger function is not
+# delivered; new ids are above every old one; an application role granted
+# INSERT on the outbox may still insert; the trigger function is not
 # executable by PUBLIC and pg_monitor is granted nothing.
 use strict;
 use warnings;
@@ -15,16 +17,25 @@ use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = outbox_node('upgrade', no_extension => 1, conf => join("\n",
+sub upgrade_from
+{
+my ($from) = @_;
+(my $name = $from) =~ s/\./_/g;
+
+my $node = outbox_node("upgrade_$name", no_extension => 1, conf => join("\n",
 		"outbox.sent_retention = '1h'",
 		"outbox.max_attempts = 1000",
 		"outbox.retry_backoff_base = '1s'",
 		"outbox.retry_backoff_max = '2s'"));
-$node->safe_psql('postgres', "CREATE EXTENSION outbox VERSION '0.1.0'");
+$node->safe_psql('postgres', qq{
+	CREATE EXTENSION outbox VERSION '$from';
+	CREATE ROLE app LOGIN;
+	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
+	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;});
 
-my $fine = unique_topic('upgrade.fine');
+my $fine = unique_topic("upgrade.$name.fine");
 kafka_admin('create-topic', $fine);
-my ($small, $stale) = refusing_topics('upgrade');
+my ($small, $stale) = refusing_topics("upgrade.$name");
 
 # Sent, kept as sent; dead-lettered; retrying.
 my $big = 'x' x 1000;
@@ -36,9 +47,9 @@ $node->safe_psql('postgres', qq{
 ok(wait_for_query($node,
 		"SELECT string_agg(topic || ':' || state, ',' ORDER BY id) FROM outbox_message WHERE state <> 'pending'",
 		join(',', ("$fine:sent") x 5, "$stale:retrying"), 60),
-	'0.1.0: five messages kept as sent, one retrying');
+	"$from: five messages kept as sent, one retrying");
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$small'"), '1',
-	'0.1.0: one dead letter');
+	"$from: one dead letter");
 
 # Pending: the worker is kept from the brokers, so it claims nothing more.
 # The later message of the retrying one's key waits behind it.
@@ -51,7 +62,7 @@ $node->safe_psql('postgres', qq{
 	INSERT INTO outbox_message (topic, key, payload) SELECT '$fine', 'k-insert', convert_to('inserted ' || i, 'UTF8') FROM generate_series(1, 5) i;
 });
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_message WHERE state = 'pending'"), '56',
-	'0.1.0: 56 messages pending');
+	"$from: 56 messages pending");
 
 # What must be delivered after the update: message_id => [key, id].
 my %waiting = map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
@@ -64,29 +75,35 @@ my $highest_id = $node->safe_psql('postgres',
 	'SELECT greatest((SELECT max(id) FROM outbox_message), (SELECT max(id) FROM outbox_dead_letter))');
 
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
-is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), '0.2.0',
-	'the extension is at 0.2.0');
+is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), '0.3.0',
+	"from $from, the extension is at 0.3.0");
 
 # The upgraded schema is the fresh install's, object by object.
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
-$node->safe_psql('fresh', 'CREATE EXTENSION outbox');
-my $schema_query = q{
+$node->safe_psql('fresh', q{
+	CREATE EXTENSION outbox;
+	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
+	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;});
+# The outbox's tables: the outbox, its segments, the dead letters.
+my $rels = q{(SELECT 'outbox_message'::regclass UNION ALL SELECT 'outbox_dead_letter'::regclass UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox_message'::regclass)};
+my $schema_query = qq{
 	SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
 	 WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
 	   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
 	UNION ALL
-	SELECT format('%s.%s %s %s %s default %s', attrelid::regclass, attname, format_type(atttypid, atttypmod),
-	              attnotnull, attidentity::text, pg_get_expr(adbin, adrelid))
+	SELECT format('%s.%s %s %s %s default %s grants %s', attrelid::regclass, attname,
+	              format_type(atttypid, atttypmod), attnotnull, attidentity::text, pg_get_expr(adbin, adrelid),
+	              attacl)
 	  FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum
-	 WHERE attrelid IN ('outbox_message'::regclass, 'outbox_dead_letter'::regclass) AND attnum > 0
+	 WHERE attrelid IN $rels AND attnum > 0
 	UNION ALL
 	SELECT conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
-	 WHERE conrelid IN ('outbox_message'::regclass, 'outbox_dead_letter'::regclass)
+	 WHERE conrelid IN $rels
 	UNION ALL
 	SELECT pg_get_indexdef(indexrelid) FROM pg_index
-	 WHERE indrelid IN ('outbox_message'::regclass, 'outbox_dead_letter'::regclass)
+	 WHERE indrelid IN $rels
 	UNION ALL
-	SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'outbox_message'::regclass
+	SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid IN $rels
 	UNION ALL
 	SELECT c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl, acldefault('r', c.relowner))::text || ' '
 	       || coalesce(pg_get_viewdef(c.oid), '')
@@ -102,7 +119,7 @@ my $upgraded = $node->safe_psql('postgres', $schema_query);
 my $fresh = $node->safe_psql('fresh', $schema_query);
 # The order of extconfig is the order of the pg_extension_config_dump() calls.
 s/^config \{([^}]*)\}/'config {' . join(',', sort split m{,}, $1) . '}'/me for ($upgraded, $fresh);
-is($upgraded, $fresh, 'the upgraded schema is what a fresh install of 0.2.0 makes');
+is($upgraded, $fresh, "the schema upgraded from $from is what a fresh install of 0.3.0 makes");
 
 is($node->safe_psql('postgres', q{
 	SELECT has_function_privilege('public', 'outbox_message_check()', 'EXECUTE'),
@@ -121,7 +138,10 @@ is($node->safe_psql('postgres',
 # New messages get ids above every old one, both ways in.
 my $new_ids = $node->safe_psql('postgres', qq{
 	SELECT outbox_enqueue('$fine', 'new'::text, 'k-new');
-	INSERT INTO outbox_message (topic, key, payload) VALUES ('$fine', 'k-new', 'new insert') RETURNING id;
+	SET ROLE app;
+	INSERT INTO outbox_message (topic, key, payload) VALUES ('$fine', 'k-new', 'new insert');
+	RESET ROLE;
+	SELECT max(id) FROM outbox_message;
 });
 my @new_ids = split /\n/, $new_ids;
 ok($new_ids[0] > $highest_id && $new_ids[1] > $new_ids[0],
@@ -143,7 +163,8 @@ is(join(',', map { $_->{value} } grep { $_->{topic} eq $stale } @$records),
 
 # The dead letter is requeued once its topic takes it, and delivered.
 kafka_admin('alter-config', $small, 'max.message.bytes=10000');
-my $requeued = $node->safe_psql('postgres', 'SELECT outbox_requeue(id) FROM outbox_dead_letter');
+my $dead_id = $node->safe_psql('postgres', 'SELECT id FROM outbox_dead_letter');
+my $requeued = $node->safe_psql('postgres', "SET ROLE app; SELECT outbox_requeue($dead_id)");
 ok($requeued > $new_ids[1], 'outbox_requeue gives the dead letter a new id, above the others');
 my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 30);
 is(length($small_records->[0]{value} // ''), 1000, 'the requeued message is delivered');
@@ -151,4 +172,7 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox_dead_letter'), '0',
 
 $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
+}
+
+upgrade_from($_) for ('0.1.0', '0.2.0');
 done_testing();

@@ -1,0 +1,21 @@
+/*-------------------------------------------------------------------------
+ *
+ * segment.h
+ *	  The outbox's segments: the partitions of outbox_message, which a row
+ *	  joins by the time it is inserted and which the worker truncates once
+ *	  drained.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_SEGMENT_H
+#define OUTBOX_SEGMENT_H
+
+#include "utils/timestamp.h"
+
+/* As many as the install script makes: outbox_message_0 to _3. */
+#define OUTBOX_SEGMENTS 4
+
+extern int	segment_at(TimestampTz t);
+extern long segments_reclaim(void);
+
+#endif							/* OUTBOX_SEGMENT_H */
