@@ -44,6 +44,7 @@ typedef enum StoreStatement
 	STMT_CLAIM_ABOVE,
 	STMT_CLAIM_EXCEPT,
 	STMT_DELETE_SENT,
+	STMT_DELETE_RANGE,
 	STMT_MARK_SENT,
 	STMT_RETRY,
 	STMT_DEAD_LETTER,
@@ -123,6 +124,12 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"DELETE FROM %1$s.outbox_message"
 		" WHERE id BETWEEN $2 AND $3 AND (id = ANY ($1)) IS TRUE",
 		3, {INT8ARRAYOID, INT8OID, INT8OID}
+	},
+	/* The same, for a run that holds every id of its range. */
+	[STMT_DELETE_RANGE] = {
+		"delete delivered messages",
+		"DELETE FROM %1$s.outbox_message WHERE id BETWEEN $1 AND $2",
+		2, {INT8OID, INT8OID}
 	},
 	[STMT_MARK_SENT] = {
 		"mark delivered messages sent",
@@ -220,6 +227,14 @@ static SPIPlanPtr plans[STMT_COUNT];
 static bool claim_floor_known = false;
 static int64 claim_floor = 0;
 static TimestampTz claim_floor_rescanned_at = 0;
+
+/*
+ * When the next retry is due, as store_ms_until_next_retry() last found;
+ * 0 when not known, DT_NOEND when none waits.  The claim asks for the
+ * retries below the floor only once one is due: the in-flight ids it
+ * leaves out cost milliseconds to plan.
+ */
+static TimestampTz next_retry_at = 0;
 static bool prepared_looked_for = false;
 static Oid	plans_namespace = InvalidOid;
 static Oid	plans_extension = InvalidOid;
@@ -262,6 +277,7 @@ forget_extension(void)
 	plans_namespace = InvalidOid;
 	plans_extension = InvalidOid;
 	claim_floor_known = false;
+	next_retry_at = 0;
 }
 
 /*
@@ -650,19 +666,28 @@ claim_floor_for_claim(bool *known)
 	return floor;
 }
 
+/* May a retry be due now? */
+static bool
+retry_may_be_due(void)
+{
+	if (GetCurrentTimestamp() < next_retry_at)
+		return false;
+	return store_ms_until_next_retry() == 0;
+}
+
 /*
  * The claim statements in the order of the ids they claim: the retries due
- * below the floor, then the rows from the floor on, around the batch in
- * flight.  Returns whether any row at or above the floor was claimed, whose
- * last one moves the floor up.
+ * below the floor (if claim_retries), then the rows from the floor on,
+ * around the batch in flight.  Returns whether any row at or above the
+ * floor was claimed, whose last one moves the floor up.
  */
 static bool
 claim_in_order(Claim *c, const OutboxMessage *in_flight, int in_flight_count,
-			   Datum floor, bool floor_known)
+			   Datum floor, bool floor_known, bool claim_retries)
 {
 	int			below_floor;
 
-	if (floor_known)
+	if (claim_retries)
 		claim_more(c, STMT_CLAIM_RETRIES, ids_array(in_flight, in_flight_count), floor, true);
 	below_floor = c->count;
 
@@ -698,6 +723,7 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	MemoryContext caller = CurrentMemoryContext;
 	bool		floor_known;
 	int64		floor = claim_floor_for_claim(&floor_known);
+	bool		claim_retries = floor_known && retry_may_be_due();
 
 	/*
 	 * A statement run under SPI returns in SPI's procedure context, which
@@ -712,7 +738,8 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	c.context = CurrentMemoryContext;
 
 	PushActiveSnapshot(GetTransactionSnapshot());
-	if (claim_in_order(&c, in_flight, in_flight_count, Int64GetDatum(floor), floor_known))
+	if (claim_in_order(&c, in_flight, in_flight_count, Int64GetDatum(floor), floor_known,
+					   claim_retries))
 	{
 		claim_floor = Max(floor_known ? claim_floor : PG_INT64_MIN, c.messages[c.count - 1].id + 1);
 		claim_floor_known = true;
@@ -834,18 +861,38 @@ delete_delivered(OutboxMessage **messages, int count)
 
 	for (int i = 1; i <= count; i++)
 	{
-		Datum	   *ids;
-		Datum		args[3];
+		int64		low;
+		int64		high;
 
 		if (i < count && messages[i]->id - messages[i - 1]->id <= DELETE_RUN_GAP)
 			continue;
-		ids = palloc(sizeof(Datum) * (i - first));
-		for (int j = first; j < i; j++)
-			ids[j - first] = id_of(messages[j], NULL);
-		args[0] = make_array(ids, i - first, INT8OID);
-		args[1] = Int64GetDatum(messages[first]->id);
-		args[2] = Int64GetDatum(messages[i - 1]->id);
-		run(STMT_DELETE_SENT, args, SPI_OK_DELETE);
+		low = messages[first]->id;
+		high = messages[i - 1]->id;
+
+		/*
+		 * A run that holds every id of its range, as a drain's batches do,
+		 * is its range: no other row has those ids.  Else the ids go as an
+		 * array, whose elements the planner weighs one by one, in each
+		 * segment: milliseconds for a thousand.
+		 */
+		if (high - low + 1 == i - first)
+		{
+			Datum		args[2] = {Int64GetDatum(low), Int64GetDatum(high)};
+
+			run(STMT_DELETE_RANGE, args, SPI_OK_DELETE);
+		}
+		else
+		{
+			Datum	   *ids = palloc(sizeof(Datum) * (i - first));
+			Datum		args[3];
+
+			for (int j = first; j < i; j++)
+				ids[j - first] = id_of(messages[j], NULL);
+			args[0] = make_array(ids, i - first, INT8OID);
+			args[1] = Int64GetDatum(low);
+			args[2] = Int64GetDatum(high);
+			run(STMT_DELETE_SENT, args, SPI_OK_DELETE);
+		}
 		first = i;
 	}
 }
@@ -879,6 +926,7 @@ schedule_retries(RecordingStep *step)
 
 	run_for_messages(STMT_RETRY, columns, step->reason, step->messages, step->count,
 					 SPI_OK_UPDATE);
+	next_retry_at = 0;			/* to be found again */
 }
 
 /*
@@ -1030,10 +1078,16 @@ store_ms_until_next_retry(void)
 {
 	bool		isnull;
 	Datum		d;
+	int64		ms;
 
 	run(STMT_NEXT_RETRY, NULL, SPI_OK_SELECT);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
+	{
+		next_retry_at = DT_NOEND;
 		return -1;
-	return (long) Max(DatumGetInt64(d), 0);
+	}
+	ms = Max(DatumGetInt64(d), 0);
+	next_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+	return (long) ms;
 }
