@@ -180,6 +180,7 @@ static bool
 publish_once(Pipeline *pipeline, long *wait_ms)
 {
 	long		next_retry_ms;
+	TurnResult	result;
 
 	*wait_ms = outbox_poll_interval;
 	ResetLatch(MyLatch);
@@ -193,21 +194,18 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 	if (!pipeline_prepare_producer(pipeline, wait_ms))
 		return false;
 
-	switch (pipeline_turn(pipeline, &next_retry_ms))
+	result = pipeline_turn(pipeline, &next_retry_ms);
+	if (result == TURN_NO_EXTENSION)
 	{
-		case TURN_NO_EXTENSION:
-			worker_report_state(WORKER_WAITING_FOR_EXTENSION);
-			return false;
-		case TURN_GO_ON:
-			reclaim_segments_when_due(wait_ms);
-			return true;
-		case TURN_DRAINED:
-			worker_report_state(WORKER_IDLE);
-			if (next_retry_ms >= 0)
-				*wait_ms = Min(*wait_ms, next_retry_ms);
-			break;
+		worker_report_state(WORKER_WAITING_FOR_EXTENSION);
+		return false;
 	}
 	reclaim_segments_when_due(wait_ms);
+	if (result == TURN_GO_ON)
+		return true;
+	worker_report_state(WORKER_IDLE);
+	if (next_retry_ms >= 0)
+		*wait_ms = Min(*wait_ms, next_retry_ms);
 	return false;
 }
 

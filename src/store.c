@@ -653,14 +653,14 @@ claim_floor_for_claim(bool *known)
 		claim_floor_rescanned_at = now;
 	}
 	store_lower_claim_floor(worker_take_claim_floor_request());
-	floor = claim_floor;
-	*known = claim_floor_known;
-	if (worker_claim_floor_held(&prepared))
+	if (worker_claim_floor_held(&prepared) &&
+		!prepared_transactions_exist() && worker_release_claim_floor(prepared))
 	{
-		if (!prepared_transactions_exist() && worker_release_claim_floor(prepared))
-			store_lower_claim_floor(prepared);
-		floor = Min(Min(floor, prepared), claim_floor);
+		store_lower_claim_floor(prepared);
+		prepared = PG_INT64_MAX;
 	}
+	floor = Min(claim_floor, prepared);
+	*known = claim_floor_known;
 	if (floor == PG_INT64_MIN)
 		*known = false;			/* from the left edge, without a bound to probe */
 	return floor;
@@ -712,8 +712,9 @@ claim_in_order(Claim *c, const OutboxMessage *in_flight, int in_flight_count,
  * one), in id order, locked until the transaction ends, leaving out the
  * in_flight ones (in id order, as claimed).  The messages are allocated in
  * the caller's memory context.  Sets *full if a limit ended the batch: then
- * more rows may wait, from the id after its last on.  Must be called before
- * the turn's snapshot is taken.
+ * more rows may wait, from the id after its last on.  The claim takes a
+ * snapshot of its own, once it has taken what committed transactions
+ * reported to its floor.
  */
 int
 store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max_bytes,

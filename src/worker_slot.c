@@ -224,6 +224,23 @@ worker_state_name(OutboxWorkerState state)
 	return state_names[state];
 }
 
+/*
+ * The database the publisher in this slot serves; InvalidOid while it is
+ * not connected, and for a slot of another kind.
+ */
+static Oid
+publisher_database(OutboxWorkerSlot *slot)
+{
+	Oid			served;
+
+	if (slot->kind != WORKER_KIND_PUBLISHER)
+		return InvalidOid;
+	SpinLockAcquire(&slot->mutex);
+	served = slot->database;
+	SpinLockRelease(&slot->mutex);
+	return served;
+}
+
 /* Set the latch of the worker in this slot, if one runs. */
 static void
 wake(OutboxWorkerSlot *slot)
@@ -247,14 +264,9 @@ worker_wake_publisher(Oid database)
 	for (int i = 0; i < shared->slot_count; i++)
 	{
 		OutboxWorkerSlot *slot = &shared->slots[i];
-		Oid			served;
+		Oid			served = publisher_database(slot);
 
-		if (slot->kind != WORKER_KIND_PUBLISHER)
-			continue;
-		SpinLockAcquire(&slot->mutex);
-		served = slot->database;
-		SpinLockRelease(&slot->mutex);
-		if (served == database || !OidIsValid(served))
+		if (served == database || (slot->kind == WORKER_KIND_PUBLISHER && !OidIsValid(served)))
 			wake(slot);
 	}
 }
@@ -272,14 +284,8 @@ worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
 	for (int i = 0; i < shared->slot_count; i++)
 	{
 		OutboxWorkerSlot *slot = &shared->slots[i];
-		Oid			served;
 
-		if (slot->kind != WORKER_KIND_PUBLISHER)
-			continue;
-		SpinLockAcquire(&slot->mutex);
-		served = slot->database;
-		SpinLockRelease(&slot->mutex);
-		if (served == database)
+		if (publisher_database(slot) == database)
 			atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
 						 encode_id(lowest));
 	}
