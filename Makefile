@@ -3,17 +3,21 @@
 
 EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
-	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql
+	sql/outbox--0.4.0.sql \
+	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql \
+	sql/outbox--0.3.0--0.4.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/enqueue.o \
 	src/key_lock.o \
+	src/launcher.o \
 	src/publisher.o \
 	src/pipeline.o \
 	src/producer.o \
 	src/store.o \
 	src/segment.o \
+	src/serving.o \
 	src/status.o \
 	src/settings.o \
 	src/worker_slot.o
@@ -41,7 +45,7 @@ SHLIB_LINK = -lrdkafka
 #                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
 #                            KAFKA_PORT); each makes its own clusters.
 #                            PROVE_TESTS=test/t/001_publish.pl runs one.
-REGRESS = surface refused dead_letter views privileges settings
+REGRESS = surface refused dead_letter views privileges settings databases
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION = enqueue_rollback key_locks

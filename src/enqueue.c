@@ -31,6 +31,7 @@
 #include "enqueue.h"
 #include "key_lock.h"
 #include "message.h"
+#include "serving.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -453,7 +454,12 @@ check_fires_on_outbox(FunctionCallInfo fcinfo, Relation rel)
 static void
 note_row_written(int64 id)
 {
-	if (!wake_worker_at_commit || id < lowest_id_written)
+	if (!wake_worker_at_commit)
+	{
+		serving_warn_if_unserved();
+		lowest_id_written = id;
+	}
+	else if (id < lowest_id_written)
 		lowest_id_written = id;
 	wake_worker_at_commit = true;
 }
@@ -529,7 +535,8 @@ outbox_message_check(PG_FUNCTION_ARGS)
  * At commit of a transaction that wrote outbox rows, tell the publisher of
  * this database the lowest id it wrote (which its claim may have passed
  * while the transaction was in progress: see store.c's claim floor) and
- * wake it, once however many rows it wrote.  The callback runs once the
+ * wake it, once however many rows it wrote; or, if no publisher serves this
+ * database, tell the launcher (serving.c).  The callback runs once the
  * transaction is visible to new snapshots.  A prepared transaction's rows
  * commit later, from any session: its lowest id holds the claim floor down
  * until no prepared transaction is left.  An abort forgets it all.
@@ -545,7 +552,8 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
-			worker_wake_publisher(MyDatabaseId);
+			if (!worker_wake_publisher(MyDatabaseId))
+				serving_announce_unserved();
 			wake_worker_at_commit = false;
 			break;
 		case XACT_EVENT_PREPARE:

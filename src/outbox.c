@@ -2,7 +2,8 @@
  *
  * outbox.c
  *	  Loading the outbox library: its settings, its shared memory, the
- *	  commit-time wake, and the background workers it runs.
+ *	  commit-time wake, the hooks on statements about databases, and the
+ *	  launcher, which starts the other background workers.
  *
  * The library must be in shared_preload_libraries: its workers are
  * background workers and their slots live in shared memory.
@@ -15,6 +16,7 @@
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 
+#include "serving.h"
 #include "enqueue.h"
 #include "key_lock.h"
 #include "settings.h"
@@ -22,27 +24,11 @@
 
 PG_MODULE_MAGIC;
 
-/* How long the postmaster waits before it starts a worker that died again. */
-#define WORKER_RESTART_SECONDS 5
-
-/*
- * The kinds of worker, their entry points, and what pg_stat_activity calls
- * them.  Each starts with the server, in a slot of its own.  A new kind is
- * a file with its main function and a row here.
- */
-typedef struct WorkerKindDef
-{
-	OutboxWorkerKind kind;
-	const char *function_name;
-	const char *type;
-} WorkerKindDef;
-
-static const WorkerKindDef worker_kinds[] = {
-	{WORKER_KIND_PUBLISHER, "outbox_publisher_main", "outbox worker"},
-};
+/* How long the postmaster waits before it starts the launcher again. */
+#define LAUNCHER_RESTART_SECONDS 5
 
 void		_PG_init(void);
-static void register_static_workers(void);
+static void register_launcher(void);
 
 void
 _PG_init(void)
@@ -57,27 +43,27 @@ _PG_init(void)
 	worker_slots_init();
 	enqueue_init();
 	key_lock_init();
-	register_static_workers();
+	serving_init();
+	register_launcher();
 }
 
-/* Register each worker, with the number of the slot it will take. */
+/*
+ * The launcher is the one static worker: it starts the others
+ * (launcher.c).  It needs no database, and none is written to before
+ * recovery has finished.
+ */
 static void
-register_static_workers(void)
+register_launcher(void)
 {
-	for (int i = 0; i < (int) lengthof(worker_kinds); i++)
-	{
-		const WorkerKindDef *def = &worker_kinds[i];
-		BackgroundWorker worker;
+	BackgroundWorker worker;
 
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-		worker.bgw_restart_time = WORKER_RESTART_SECONDS;
-		worker.bgw_main_arg = Int32GetDatum(worker_slot_reserve(def->kind));
-		snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-		snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", def->function_name);
-		snprintf(worker.bgw_name, BGW_MAXLEN, "%s", def->type);
-		snprintf(worker.bgw_type, BGW_MAXLEN, "%s", def->type);
-		RegisterBackgroundWorker(&worker);
-	}
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = LAUNCHER_RESTART_SECONDS;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_launcher_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox launcher");
+	RegisterBackgroundWorker(&worker);
 }

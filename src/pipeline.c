@@ -509,10 +509,7 @@ pipeline_turn(Pipeline *p, long *next_retry_ms)
 		result = TURN_GO_ON;
 	else
 		result = TURN_DRAINED;
-
-	/* Without the extension there is no outbox_worker view to say so. */
-	pgstat_report_activity(STATE_IDLE,
-						   result == TURN_NO_EXTENSION ? "outbox: waiting for CREATE EXTENSION outbox" : NULL);
+	pgstat_report_activity(STATE_IDLE, NULL);
 	return result;
 }
 

@@ -14,13 +14,16 @@
 
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "utils/builtins.h"
 #include "utils/elog.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/varlena.h"
 
 #include "settings.h"
 
 char	   *outbox_brokers = NULL;
+char	   *outbox_databases = NULL;
 char	   *outbox_database = NULL;
 char	   *outbox_kafka_properties = NULL;
 /* The defaults of the numeric settings. */
@@ -32,12 +35,14 @@ char	   *outbox_kafka_properties = NULL;
 #define DEFAULT_POLL_INTERVAL_MS (10 * 1000)
 #define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
 #define DEFAULT_SENT_RETENTION_S 0
+#define DEFAULT_MAX_WORKERS 4
 
 /* Their bounds, where they have others than their type's. */
 #define MAX_BATCH_SIZE 100000
 #define MAX_MAX_BATCH_KB (1024 * 1024)	/* librdkafka's queue.buffering.max.kbytes */
 #define MAX_MAX_ATTEMPTS 1000000
 #define MIN_POLL_INTERVAL_MS 10
+#define MAX_MAX_WORKERS 1024
 
 int			outbox_batch_size = DEFAULT_BATCH_SIZE;
 int			outbox_max_batch_kb = DEFAULT_MAX_BATCH_KB;
@@ -47,6 +52,7 @@ int			outbox_max_attempts = DEFAULT_MAX_ATTEMPTS;
 int			outbox_poll_interval = DEFAULT_POLL_INTERVAL_MS;
 int			outbox_max_record_size = DEFAULT_MAX_RECORD_SIZE;
 int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
+int			outbox_max_workers = DEFAULT_MAX_WORKERS;
 
 /*
  * The mask SHOW puts on every value of outbox.kafka_properties, and that
@@ -61,6 +67,7 @@ static emit_log_hook_type prev_emit_log_hook = NULL;
 
 static void define_settings(void);
 static bool check_kafka_properties(char **newval, void **extra, GucSource source);
+static bool check_database_list(char **newval, void **extra, GucSource source);
 static const char *show_kafka_properties(void);
 static void hide_kafka_properties_in_log(ErrorData *edata);
 
@@ -84,13 +91,33 @@ define_settings(void)
 							   PGC_SIGHUP, 0,
 							   NULL, NULL, NULL);
 
+	DefineCustomStringVariable("outbox.databases",
+							   "Databases whose outbox is published; empty means every database that has the extension.",
+							   "A comma-separated list of names; a name with upper-case letters, commas or spaces is double-quoted.",
+							   &outbox_databases,
+							   "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   check_database_list, NULL, NULL);
+
 	DefineCustomStringVariable("outbox.database",
-							   "Database whose outbox the worker serves.",
+							   "Deprecated: the one database whose outbox is published, used when outbox.databases is empty.",
 							   NULL,
 							   &outbox_database,
-							   "postgres",
-							   PGC_POSTMASTER, 0,
+							   "",
+							   PGC_SIGHUP, 0,
 							   NULL, NULL, NULL);
+
+	/*
+	 * Shared memory holds a slot per worker, so this is fixed at start.
+	 * Each worker is one of max_worker_processes, as the launcher is.
+	 */
+	DefineCustomIntVariable("outbox.max_workers",
+							"Most publishing workers, one per database, that run at once.",
+							"Each is a background worker, counted in max_worker_processes with the launcher.",
+							&outbox_max_workers,
+							DEFAULT_MAX_WORKERS, 1, MAX_MAX_WORKERS,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
 
 	/*
 	 * Any librdkafka producer property, including secrets such as
@@ -179,6 +206,55 @@ define_settings(void)
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
+}
+
+/* outbox.databases must be a list of names. */
+static bool
+check_database_list(char **newval, void **extra, GucSource source)
+{
+	char	   *copy = pstrdup(*newval);
+	List	   *names;
+	bool		ok = SplitIdentifierString(copy, ',', &names);
+
+	if (!ok)
+		GUC_check_errdetail("List syntax is invalid.");
+	list_free(names);
+	pfree(copy);
+	return ok;
+}
+
+/*
+ * Is the outbox of the database of this name to be published?  By
+ * outbox.databases, or when it is empty by outbox.database, or when both
+ * are, yes.
+ */
+bool
+settings_database_allowed(const char *name)
+{
+	char	   *copy;
+	List	   *names;
+	bool		allowed = false;
+	ListCell   *lc;
+
+	if (outbox_databases[0] == '\0')
+		return outbox_database[0] == '\0' || strcmp(outbox_database, name) == 0;
+
+	copy = pstrdup(outbox_databases);
+	if (!SplitIdentifierString(copy, ',', &names))
+		elog(ERROR, "outbox.databases is not a list of names");	/* checked at SET */
+	foreach(lc, names)
+		allowed |= strcmp((char *) lfirst(lc), name) == 0;
+	list_free(names);
+	pfree(copy);
+	return allowed;
+}
+
+/* The setting that decides which databases are published, for messages. */
+const char *
+settings_database_list_name(void)
+{
+	return outbox_databases[0] == '\0' && outbox_database[0] != '\0' ?
+		"outbox.database" : "outbox.databases";
 }
 
 /* Trim white space off both ends of s, in place. */

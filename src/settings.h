@@ -12,6 +12,7 @@
 #include "nodes/pg_list.h"
 
 extern char *outbox_brokers;
+extern char *outbox_databases;
 extern char *outbox_database;
 extern char *outbox_kafka_properties;
 extern int	outbox_batch_size;
@@ -22,6 +23,7 @@ extern int	outbox_max_attempts;
 extern int	outbox_poll_interval;
 extern int	outbox_max_record_size;
 extern int	outbox_sent_retention;
+extern int	outbox_max_workers;
 
 /* One name=value item of outbox.kafka_properties. */
 typedef struct KafkaProperty
@@ -33,5 +35,7 @@ typedef struct KafkaProperty
 extern void settings_init(void);
 extern bool kafka_properties_split(const char *setting, List **properties);
 extern char *settings_scrub_secrets(const char *text, const char *kafka_properties);
+extern bool settings_database_allowed(const char *name);
+extern const char *settings_database_list_name(void);
 
 #endif							/* OUTBOX_SETTINGS_H */

@@ -1,22 +1,26 @@
 /*-------------------------------------------------------------------------
  *
  * status.c
- *	  The SQL functions over the workers' shared state: the one behind the
- *	  outbox_worker view, and the fault drill that asks the publishers for a
- *	  fatal producer error.
+ *	  The SQL functions over the workers' shared state: those behind the
+ *	  outbox_worker and outbox_launcher views, and the fault drill that asks
+ *	  the publishers for a fatal producer error.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "funcapi.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 
 #include "settings.h"
 #include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
+PG_FUNCTION_INFO_V1(outbox_launcher_status);
 PG_FUNCTION_INFO_V1(outbox_simulate_fatal_error);
 
 /* The columns of outbox_worker_status(), as the install script declares them. */
@@ -38,6 +42,33 @@ typedef enum WorkerStatusColumn
 	NUM_WORKER_STATUS_COLUMNS
 } WorkerStatusColumn;
 
+/* The columns of outbox_launcher_status(). */
+typedef enum LauncherStatusColumn
+{
+	COL_LAUNCHER_PID,
+	COL_LAUNCHER_STARTED_AT,
+	COL_MAX_WORKERS,
+	COL_WORKERS,
+	COL_DATABASES_WAITING,
+	COL_WAITING,
+	COL_LAUNCHER_LAST_ERROR,
+	COL_LAUNCHER_LAST_ERROR_AT,
+	NUM_LAUNCHER_STATUS_COLUMNS
+} LauncherStatusColumn;
+
+/*
+ * A database's name as a text Datum, or *isnull: it is named by its oid in
+ * shared memory, and may have just been dropped.
+ */
+static Datum
+database_name_datum(Oid database, bool *isnull)
+{
+	char	   *name = get_database_name(database);
+
+	*isnull = name == NULL;
+	return name ? CStringGetTextDatum(name) : (Datum) 0;
+}
+
 /* One outbox_worker row from a publisher's slot. */
 static void
 put_publisher_row(ReturnSetInfo *rsinfo, int worker_id, const WorkerStatus *s)
@@ -46,7 +77,7 @@ put_publisher_row(ReturnSetInfo *rsinfo, int worker_id, const WorkerStatus *s)
 	bool		nulls[NUM_WORKER_STATUS_COLUMNS] = {0};
 
 	values[COL_WORKER_ID] = Int32GetDatum(worker_id);
-	values[COL_DATABASE] = CStringGetTextDatum(outbox_database);
+	values[COL_DATABASE] = database_name_datum(s->database, &nulls[COL_DATABASE]);
 	values[COL_PID] = Int32GetDatum(s->pid);
 	nulls[COL_PID] = s->pid == 0;
 	values[COL_STATE] = CStringGetTextDatum(worker_state_name(s->state));
@@ -69,21 +100,77 @@ put_publisher_row(ReturnSetInfo *rsinfo, int worker_id, const WorkerStatus *s)
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
-/* One row per publishing worker, numbered from 1. */
+/*
+ * One row per database a publisher serves (its slot handed out for it),
+ * numbered by its slot, from 1.
+ */
 Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	int			worker_id = 0;
 
 	InitMaterializedSRF(fcinfo, 0);
 	for (int i = 0; i < worker_slot_count(); i++)
 	{
 		WorkerStatus status;
 
-		if (worker_slot_read(i, &status) && status.kind == WORKER_KIND_PUBLISHER)
-			put_publisher_row(rsinfo, ++worker_id, &status);
+		if (worker_slot_read(i, &status))
+			put_publisher_row(rsinfo, i + 1, &status);
 	}
+	return (Datum) 0;
+}
+
+/* The names of the databases that wait for a slot, as a text[]. */
+static Datum
+waiting_names(const LauncherStatus *l)
+{
+	Datum	   *names = palloc(sizeof(Datum) * Max(l->listed_waiting, 1));
+	int			count = 0;
+
+	for (int i = 0; i < l->listed_waiting; i++)
+	{
+		bool		isnull;
+		Datum		name = database_name_datum(l->waiting[i], &isnull);
+
+		if (!isnull)
+			names[count++] = name;
+	}
+	return PointerGetDatum(construct_array(names, count, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+/* The launcher's one row: its process, the budget used, who waits. */
+Datum
+outbox_launcher_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum		values[NUM_LAUNCHER_STATUS_COLUMNS];
+	bool		nulls[NUM_LAUNCHER_STATUS_COLUMNS] = {0};
+	LauncherStatus l;
+	int			workers = 0;
+
+	InitMaterializedSRF(fcinfo, 0);
+	launcher_read(&l);
+	for (int i = 0; i < worker_slot_count(); i++)
+	{
+		WorkerStatus status;
+
+		workers += worker_slot_read(i, &status);
+	}
+
+	values[COL_LAUNCHER_PID] = Int32GetDatum(l.pid);
+	nulls[COL_LAUNCHER_PID] = l.pid == 0;
+	values[COL_LAUNCHER_STARTED_AT] = TimestampTzGetDatum(l.started_at);
+	nulls[COL_LAUNCHER_STARTED_AT] = l.started_at == 0;
+	values[COL_MAX_WORKERS] = Int32GetDatum(outbox_max_workers);
+	values[COL_WORKERS] = Int32GetDatum(workers);
+	values[COL_DATABASES_WAITING] = Int32GetDatum(l.databases_waiting);
+	values[COL_WAITING] = waiting_names(&l);
+	values[COL_LAUNCHER_LAST_ERROR] = CStringGetTextDatum(l.last_error);
+	nulls[COL_LAUNCHER_LAST_ERROR] = l.last_error[0] == '\0';
+	values[COL_LAUNCHER_LAST_ERROR_AT] = TimestampTzGetDatum(l.last_error_at);
+	nulls[COL_LAUNCHER_LAST_ERROR_AT] = l.last_error_at == 0;
+
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
 }
 

@@ -1,22 +1,29 @@
 /*-------------------------------------------------------------------------
  *
  * worker_slot.c
- *	  The outbox's shared memory: an array of worker slots, one per
- *	  background worker of the extension, whatever its kind.  This file is
- *	  the only one that touches it: workers attach to their slot and report
- *	  through it, backends wake workers and read slots for the views.
+ *	  The outbox's shared memory: the launcher's part, and an array of
+ *	  outbox.max_workers slots, one per publishing worker.  This file is the
+ *	  only one that touches it: the launcher hands the slots out, publishers
+ *	  attach to theirs and report through it, backends wake publishers,
+ *	  tell the launcher about databases and read it all for the views.
  *
- * Locking rule.  The array is sized and each slot's kind set at server
- * start (worker_slot_reserve() in _PG_init, then outbox_shmem_startup());
- * neither changes while the server runs.  Every other field but the
- * counters is read and written under the slot's spinlock, held only to copy
- * plain values: no palloc, no ereport, no system call (timestamps are taken
- * before it is acquired), and SetLatch() only after it is released.  The
- * counters are atomics, added to by the slot's worker only and read by
- * anyone without the lock.  Only the slot's own worker writes it, except
- * fatal_error_drill, which outbox_simulate_fatal_error() sets, and the two
- * atomic ids of its claim floor, which any backend of its database lowers
- * (compare-and-swap) and only the worker raises.
+ * Locking rule.  The array is sized at server start and never changes.  A
+ * slot is handed out by the launcher alone (worker_slot_assign(): its
+ * database and generation), and released by it once its worker has gone.
+ * Every other field of a slot but the counters is read and written under
+ * the slot's spinlock, held only to copy plain values: no palloc, no
+ * ereport, no system call (timestamps are taken before it is acquired), and
+ * SetLatch() only after it is released.  The counters are atomics, added to
+ * by the slot's worker only and read by anyone without the lock.  Only the
+ * slot's own worker writes the rest, except fatal_error_drill, which
+ * outbox_simulate_fatal_error() sets, and the two atomic ids of its claim
+ * floor, which any backend of its database lowers (compare-and-swap) and
+ * only the worker raises.
+ *
+ * The launcher's part is read and written under launcher_lock (an LWLock),
+ * never held with a slot's spinlock nor across anything but copying: the
+ * backends append the databases they announce and the holds they take, the
+ * probe its result, the launcher the rest.
  *
  * A worker's report functions may also run inside librdkafka's callbacks:
  * those run on the worker's own thread, from rd_kafka_poll() (producer.c),
@@ -31,21 +38,25 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
 
+#include "settings.h"
 #include "worker_slot.h"
 
 typedef struct OutboxWorkerSlot
 {
 	slock_t		mutex;
-	OutboxWorkerKind kind;		/* set at server start */
+	Oid			database;		/* the one it serves; InvalidOid: free */
+	Oid			last_database;	/* the one it served last, for its counters */
+	uint32		generation;		/* bumped each time it is handed out */
 	int			pid;			/* 0 while no worker runs */
 	Latch	   *latch;			/* set to wake the worker */
-	Oid			database;		/* the database it serves, once connected */
 	OutboxWorkerState state;
+	WorkerExitReason exit_reason;
 	bool		brokers_reachable;
-	bool		connecting;		/* set while connecting to its database */
 	TimestampTz started_at;
 	TimestampTz last_publish_at;
 	TimestampTz last_error_at;
@@ -90,16 +101,43 @@ atomic_lower(pg_atomic_uint64 *v, uint64 x)
 		;
 }
 
+/* Databases announced to the launcher and not yet taken by it. */
+#define MAX_ANNOUNCED 32
+
+/* Databases a backend holds the launcher off while it drops, renames... */
+#define MAX_HOLDS 16
+
+typedef struct DatabaseHold
+{
+	Oid			database;
+	int			pid;			/* the backend that holds it */
+} DatabaseHold;
+
+typedef struct LauncherShared
+{
+	int			pid;			/* 0 while no launcher runs */
+	Latch	   *latch;
+	TimestampTz started_at;
+	int			announced_count;
+	Oid			announced[MAX_ANNOUNCED];
+	bool		rescan_requested;	/* set also when announced overflowed */
+	DatabaseHold holds[MAX_HOLDS];
+	Oid			probe_database;
+	ProbeResult probe_result;
+	int			databases_waiting;
+	int			listed_waiting;
+	Oid			waiting[LAUNCHER_MAX_LISTED_WAITING];
+	TimestampTz last_error_at;
+	char		last_error[WORKER_LAST_ERROR_LEN];
+} LauncherShared;
+
 typedef struct OutboxShared
 {
+	LWLock	   *launcher_lock;
+	LauncherShared launcher;
 	int			slot_count;
 	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
-
-/* The kinds of the slots reserved in _PG_init, in the postmaster. */
-#define MAX_RESERVED_SLOTS 8
-static OutboxWorkerKind reserved_kinds[MAX_RESERVED_SLOTS];
-static int	reserved_count = 0;
 
 static OutboxShared *shared = NULL;
 static OutboxWorkerSlot *my_slot = NULL;	/* this worker's, once attached */
@@ -110,8 +148,6 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static const char *const state_names[] = {
 	[WORKER_STOPPED] = "stopped",
 	[WORKER_STARTING] = "starting",
-	[WORKER_WAITING_FOR_DATABASE] = "waiting for database",
-	[WORKER_WAITING_FOR_EXTENSION] = "waiting for extension",
 	[WORKER_WAITING_FOR_BROKERS] = "waiting for brokers",
 	[WORKER_IDLE] = "idle",
 	[WORKER_PUBLISHING] = "publishing",
@@ -121,7 +157,7 @@ static Size
 shared_size(void)
 {
 	return add_size(offsetof(OutboxShared, slots),
-					mul_size(sizeof(OutboxWorkerSlot), reserved_count));
+					mul_size(sizeof(OutboxWorkerSlot), outbox_max_workers));
 }
 
 static void
@@ -130,6 +166,7 @@ outbox_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(shared_size()));
+	RequestNamedLWLockTranche("outbox", 1);
 }
 
 static void
@@ -145,13 +182,13 @@ outbox_shmem_startup(void)
 	if (!found)
 	{
 		memset(shared, 0, shared_size());
-		shared->slot_count = reserved_count;
-		for (int i = 0; i < reserved_count; i++)
+		shared->launcher_lock = &(GetNamedLWLockTranche("outbox"))->lock;
+		shared->slot_count = outbox_max_workers;
+		for (int i = 0; i < shared->slot_count; i++)
 		{
 			OutboxWorkerSlot *slot = &shared->slots[i];
 
 			SpinLockInit(&slot->mutex);
-			slot->kind = reserved_kinds[i];
 			pg_atomic_init_u64(&slot->published, 0);
 			pg_atomic_init_u64(&slot->retries_scheduled, 0);
 			pg_atomic_init_u64(&slot->dead_lettered, 0);
@@ -163,7 +200,7 @@ outbox_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/* Ask for the shared memory; in _PG_init. */
+/* Ask for the shared memory; in _PG_init, once the settings are defined. */
 void
 worker_slots_init(void)
 {
@@ -173,36 +210,20 @@ worker_slots_init(void)
 	shmem_startup_hook = outbox_shmem_startup;
 }
 
-/*
- * Reserve a slot for a worker of this kind; in _PG_init, before shared
- * memory is sized.  Returns its number, to pass to the worker.
- */
-int
-worker_slot_reserve(OutboxWorkerKind kind)
-{
-	if (reserved_count >= MAX_RESERVED_SLOTS)
-		elog(ERROR, "outbox: more than %d worker slots reserved", MAX_RESERVED_SLOTS);
-	reserved_kinds[reserved_count] = kind;
-	return reserved_count++;
-}
-
 int
 worker_slot_count(void)
 {
 	return shared->slot_count;
 }
 
-/* Copy slot number i; returns false if no worker is reserved it. */
+/* Copy slot number i; returns false if it is free. */
 bool
 worker_slot_read(int i, WorkerStatus *status)
 {
 	OutboxWorkerSlot *slot = &shared->slots[i];
 
-	if (slot->kind == WORKER_KIND_NONE)
-		return false;
-
 	SpinLockAcquire(&slot->mutex);
-	status->kind = slot->kind;
+	status->database = slot->database;
 	status->pid = slot->pid;
 	status->state = slot->state;
 	status->brokers_reachable = slot->brokers_reachable;
@@ -215,7 +236,7 @@ worker_slot_read(int i, WorkerStatus *status)
 	status->published = pg_atomic_read_u64(&slot->published);
 	status->retries_scheduled = pg_atomic_read_u64(&slot->retries_scheduled);
 	status->dead_lettered = pg_atomic_read_u64(&slot->dead_lettered);
-	return true;
+	return OidIsValid(status->database);
 }
 
 const char *
@@ -224,17 +245,12 @@ worker_state_name(OutboxWorkerState state)
 	return state_names[state];
 }
 
-/*
- * The database the publisher in this slot serves; InvalidOid while it is
- * not connected, and for a slot of another kind.
- */
+/* The database the slot is handed out for; InvalidOid while it is free. */
 static Oid
-publisher_database(OutboxWorkerSlot *slot)
+slot_database(OutboxWorkerSlot *slot)
 {
 	Oid			served;
 
-	if (slot->kind != WORKER_KIND_PUBLISHER)
-		return InvalidOid;
 	SpinLockAcquire(&slot->mutex);
 	served = slot->database;
 	SpinLockRelease(&slot->mutex);
@@ -255,27 +271,40 @@ wake(OutboxWorkerSlot *slot)
 }
 
 /*
- * Wake the publisher of this database, and any publisher not yet connected
- * (it may be about to serve it).
+ * Wake the publisher of this database.  Returns false if no slot is handed
+ * out for it: no publisher serves it, nor is about to.
  */
-void
+bool
 worker_wake_publisher(Oid database)
 {
 	for (int i = 0; i < shared->slot_count; i++)
 	{
 		OutboxWorkerSlot *slot = &shared->slots[i];
-		Oid			served = publisher_database(slot);
 
-		if (served == database || (slot->kind == WORKER_KIND_PUBLISHER && !OidIsValid(served)))
+		if (slot_database(slot) == database)
+		{
 			wake(slot);
+			return true;
+		}
 	}
+	return false;
+}
+
+/* Is a slot handed out for this database: does a publisher serve it? */
+bool
+worker_database_served(Oid database)
+{
+	for (int i = 0; i < shared->slot_count; i++)
+		if (slot_database(&shared->slots[i]) == database)
+			return true;
+	return false;
 }
 
 /*
  * Tell the publisher of this database that a transaction committed
  * (prepared false) or prepared (true) rows from the id lowest on: its claim
  * floor comes down to it.  Call it once the transaction is visible to new
- * snapshots, and before the wake.  A publisher not yet connected starts
+ * snapshots, and before the wake.  A publisher not yet attached starts
  * from the left edge anyway.
  */
 void
@@ -285,7 +314,7 @@ worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
 	{
 		OutboxWorkerSlot *slot = &shared->slots[i];
 
-		if (publisher_database(slot) == database)
+		if (slot_database(slot) == database)
 			atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
 						 encode_id(lowest));
 	}
@@ -299,73 +328,415 @@ worker_request_fatal_error_drill(void)
 	{
 		OutboxWorkerSlot *slot = &shared->slots[i];
 
-		if (slot->kind != WORKER_KIND_PUBLISHER)
-			continue;
 		pg_atomic_write_u32(&slot->fatal_error_drill, 1);
 		wake(slot);
 	}
 }
 
+/*
+ * The launcher's part.
+ */
+
+/* Set the launcher's latch, if it runs; call it with launcher_lock held. */
+static void
+wake_launcher_locked(void)
+{
+	if (shared->launcher.latch)
+		SetLatch(shared->launcher.latch);
+}
+
+void
+launcher_read(LauncherStatus *status)
+{
+	LauncherShared *l = &shared->launcher;
+
+	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	status->pid = l->pid;
+	status->started_at = l->started_at;
+	status->databases_waiting = l->databases_waiting;
+	status->listed_waiting = l->listed_waiting;
+	memcpy(status->waiting, l->waiting, sizeof(status->waiting));
+	status->last_error_at = l->last_error_at;
+	memcpy(status->last_error, l->last_error, WORKER_LAST_ERROR_LEN);
+	LWLockRelease(shared->launcher_lock);
+}
+
+/*
+ * Tell the launcher that this database has the extension (it was created,
+ * or a transaction there enqueued while no publisher serves it).  Call it
+ * once that is committed.
+ */
+void
+launcher_announce_database(Oid database)
+{
+	LauncherShared *l = &shared->launcher;
+	bool		known = false;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	for (int i = 0; i < l->announced_count; i++)
+		known |= l->announced[i] == database;
+	if (known)
+		;
+	else if (l->announced_count < MAX_ANNOUNCED)
+		l->announced[l->announced_count++] = database;
+	else
+		l->rescan_requested = true;
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* Ask the launcher to look at every database again (one was created). */
+void
+launcher_request_rescan(void)
+{
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	shared->launcher.rescan_requested = true;
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* Is this database waiting for a publisher's slot? */
+bool
+launcher_database_waiting(Oid database)
+{
+	LauncherShared *l = &shared->launcher;
+	bool		waiting = false;
+
+	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	for (int i = 0; i < l->listed_waiting; i++)
+		waiting |= l->waiting[i] == database;
+	LWLockRelease(shared->launcher_lock);
+	return waiting;
+}
+
+/*
+ * Hold the launcher off this database: it stops its publisher and starts
+ * none until this backend releases it or exits.  Returns false if there
+ * is no room for one more hold.
+ */
+bool
+launcher_hold_database(Oid database)
+{
+	LauncherShared *l = &shared->launcher;
+	bool		held = false;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	for (int i = 0; i < MAX_HOLDS && !held; i++)
+	{
+		if (l->holds[i].pid != 0)
+			continue;
+		l->holds[i].database = database;
+		l->holds[i].pid = MyProcPid;
+		held = true;
+	}
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+	return held;
+}
+
+/* Release this backend's hold on the database. */
+void
+launcher_release_database(Oid database)
+{
+	LauncherShared *l = &shared->launcher;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	for (int i = 0; i < MAX_HOLDS; i++)
+		if (l->holds[i].pid == MyProcPid && l->holds[i].database == database)
+			l->holds[i].pid = 0;
+	l->rescan_requested = true;
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+}
+
+static void
+launcher_detach(int code, Datum arg)
+{
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	shared->launcher.pid = 0;
+	shared->launcher.latch = NULL;
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* Take the launcher's part for this process, until it exits. */
+void
+launcher_attach(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	shared->launcher.pid = MyProcPid;
+	shared->launcher.latch = MyLatch;
+	shared->launcher.started_at = now;
+	shared->launcher.rescan_requested = true;
+	LWLockRelease(shared->launcher_lock);
+	on_shmem_exit(launcher_detach, 0);
+}
+
+/*
+ * Take the databases announced since the last call, at most max of them;
+ * *rescan says whether every database is to be looked at again.
+ */
+int
+launcher_take_announced(Oid *databases, int max, bool *rescan)
+{
+	LauncherShared *l = &shared->launcher;
+	int			count;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	count = Min(l->announced_count, max);
+	memcpy(databases, l->announced, count * sizeof(Oid));
+	if (count < l->announced_count)
+		l->rescan_requested = true;
+	l->announced_count = 0;
+	*rescan = l->rescan_requested;
+	l->rescan_requested = false;
+	LWLockRelease(shared->launcher_lock);
+	return count;
+}
+
+/*
+ * Does a live backend hold the launcher off this database?  Holds of
+ * backends that exited without releasing them go.
+ */
+bool
+launcher_database_held(Oid database)
+{
+	LauncherShared *l = &shared->launcher;
+	bool		held = false;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	for (int i = 0; i < MAX_HOLDS; i++)
+	{
+		DatabaseHold *hold = &l->holds[i];
+
+		if (hold->pid == 0)
+			continue;
+		if (BackendPidGetProc(hold->pid) == NULL)
+			hold->pid = 0;
+		else
+			held |= hold->database == database;
+	}
+	LWLockRelease(shared->launcher_lock);
+	return held;
+}
+
+/* Say which databases wait for a slot (all of them counted, some listed). */
+void
+launcher_publish_waiting(const Oid *databases, int count)
+{
+	LauncherShared *l = &shared->launcher;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	l->databases_waiting = count;
+	l->listed_waiting = Min(count, LAUNCHER_MAX_LISTED_WAITING);
+	memcpy(l->waiting, databases, l->listed_waiting * sizeof(Oid));
+	LWLockRelease(shared->launcher_lock);
+}
+
+/*
+ * Report an error the launcher lives through: into the server log and
+ * into outbox_launcher's last_error.
+ */
+void
+launcher_report_error(const char *fmt,...)
+{
+	char		message[WORKER_LAST_ERROR_LEN];
+	TimestampTz now = GetCurrentTimestamp();
+	va_list		args;
+
+	va_start(args, fmt);
+	vsnprintf(message, sizeof(message), fmt, args);
+	va_end(args);
+
+	ereport(LOG, (errmsg("outbox launcher: %s", message)));
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	memcpy(shared->launcher.last_error, message, sizeof(message));
+	shared->launcher.last_error_at = now;
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* A probe of this database is about to start; it has no result yet. */
+void
+launcher_begin_probe(Oid database)
+{
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	shared->launcher.probe_database = database;
+	shared->launcher.probe_result = PROBE_NONE;
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* What the probe that has ended found. */
+ProbeResult
+launcher_end_probe(void)
+{
+	ProbeResult result;
+
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	result = shared->launcher.probe_result;
+	shared->launcher.probe_database = InvalidOid;
+	LWLockRelease(shared->launcher_lock);
+	return result;
+}
+
+/* In a probe: what it found in its database. */
+void
+probe_report(Oid database, ProbeResult result)
+{
+	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
+	if (shared->launcher.probe_database == database)
+		shared->launcher.probe_result = result;
+	LWLockRelease(shared->launcher_lock);
+}
+
+/*
+ * Hand out a free slot for a publisher of this database, preferring the one
+ * that served it last, whose counters it then keeps.  Returns the slot's
+ * number and sets *generation, to pass to the worker; or -1 if none is
+ * free.
+ */
+int
+worker_slot_assign(Oid database, uint32 *generation)
+{
+	int			chosen = -1;
+	OutboxWorkerSlot *slot;
+
+	for (int i = 0; i < shared->slot_count; i++)
+	{
+		slot = &shared->slots[i];
+		if (OidIsValid(slot_database(slot)))
+			continue;
+		if (chosen < 0 || slot->last_database == database)
+			chosen = i;
+	}
+	if (chosen < 0)
+		return -1;
+
+	slot = &shared->slots[chosen];
+	if (slot->last_database != database)
+	{
+		pg_atomic_write_u64(&slot->published, 0);
+		pg_atomic_write_u64(&slot->retries_scheduled, 0);
+		pg_atomic_write_u64(&slot->dead_lettered, 0);
+	}
+	SpinLockAcquire(&slot->mutex);
+	if (slot->last_database != database)
+	{
+		slot->last_publish_at = 0;
+		slot->last_error_at = 0;
+		slot->last_error[0] = '\0';
+	}
+	slot->database = database;
+	slot->last_database = database;
+	slot->generation++;
+	*generation = slot->generation;
+	slot->exit_reason = WORKER_EXIT_UNSAID;
+	slot->state = WORKER_STARTING;
+	slot->started_at = 0;
+	SpinLockRelease(&slot->mutex);
+	return chosen;
+}
+
+/* The slot's worker has gone, and no other is to take its place. */
+void
+worker_slot_release(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->database = InvalidOid;
+	slot->state = WORKER_STOPPED;
+	SpinLockRelease(&slot->mutex);
+}
+
+/* The pid of the slot's worker, 0 if none is attached. */
+int
+worker_slot_pid(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+	int			pid;
+
+	SpinLockAcquire(&slot->mutex);
+	pid = slot->pid;
+	SpinLockRelease(&slot->mutex);
+	return pid;
+}
+
+/* Why the slot's last worker left. */
+WorkerExitReason
+worker_slot_exit_reason(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+	WorkerExitReason reason;
+
+	SpinLockAcquire(&slot->mutex);
+	reason = slot->exit_reason;
+	SpinLockRelease(&slot->mutex);
+	return reason;
+}
+
+/* The worker leaves its slot, and wakes the launcher to say so. */
 static void
 detach(int code, Datum arg)
 {
 	SpinLockAcquire(&my_slot->mutex);
 	my_slot->pid = 0;
 	my_slot->latch = NULL;
-	my_slot->database = InvalidOid;
 	my_slot->state = WORKER_STOPPED;
 	my_slot->brokers_reachable = false;
 	SpinLockRelease(&my_slot->mutex);
 	my_slot = NULL;
+
+	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
 }
 
-/* Take slot number i for this worker, until it exits. */
-void
-worker_slot_attach(int i)
+/*
+ * Take slot number i for this worker, until it exits.  Returns the database
+ * it was handed out for, or InvalidOid if it has been handed out again
+ * since this worker was asked for (generation): then the worker has
+ * nothing to do.
+ */
+Oid
+worker_slot_attach(int i, uint32 generation)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	Oid			database = InvalidOid;
 
 	if (i < 0 || i >= shared->slot_count)
 		elog(FATAL, "outbox: worker slot %d does not exist", i);
 	my_slot = &shared->slots[i];
 
 	SpinLockAcquire(&my_slot->mutex);
-	my_slot->pid = MyProcPid;
-	my_slot->latch = MyLatch;
-	my_slot->database = InvalidOid;
-	my_slot->state = WORKER_STARTING;
-	my_slot->brokers_reachable = false;
-	my_slot->started_at = now;
+	if (my_slot->generation == generation && my_slot->pid == 0)
+	{
+		database = my_slot->database;
+		my_slot->pid = MyProcPid;
+		my_slot->latch = MyLatch;
+		my_slot->state = WORKER_STARTING;
+		my_slot->brokers_reachable = false;
+		my_slot->started_at = now;
+	}
 	SpinLockRelease(&my_slot->mutex);
+	if (!OidIsValid(database))
+	{
+		my_slot = NULL;
+		return InvalidOid;
+	}
 	pg_atomic_write_u64(&my_slot->committed_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->prepared_below, NO_ID);
 	on_shmem_exit(detach, 0);
+	return database;
 }
 
-/*
- * Say that this worker starts connecting to its database.  Returns whether
- * the worker before it in this slot died doing the same: connecting to a
- * database that does not exist ends the process.
- */
-bool
-worker_begin_connecting(void)
-{
-	bool		predecessor_failed;
-
-	SpinLockAcquire(&my_slot->mutex);
-	predecessor_failed = my_slot->connecting;
-	my_slot->connecting = true;
-	SpinLockRelease(&my_slot->mutex);
-	return predecessor_failed;
-}
-
-/* Connected (database valid), or about to exit to connect afresh (invalid). */
+/* Tell the launcher why this worker is about to exit. */
 void
-worker_end_connecting(Oid database)
+worker_report_exit(WorkerExitReason reason)
 {
 	SpinLockAcquire(&my_slot->mutex);
-	my_slot->connecting = false;
-	my_slot->database = database;
+	my_slot->exit_reason = reason;
 	SpinLockRelease(&my_slot->mutex);
 }
 

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * worker_slot.h
- *	  The outbox's shared memory: one slot per background worker, whatever
- *	  its kind, with what it tells about itself and the latch that wakes it.
- *	  worker_slot.c owns it; its header comment states the locking rule.
+ *	  The outbox's shared memory: the launcher's part, and one slot per
+ *	  publishing worker with what it tells about itself and the latch that
+ *	  wakes it.  worker_slot.c owns it; its header comment states the
+ *	  locking rule.
  *
  *-------------------------------------------------------------------------
  */
@@ -12,34 +13,40 @@
 
 #include "utils/timestamp.h"
 
-/*
- * The kinds of background worker.  A new kind is a file with its main
- * function, a value here and a row in outbox.c's worker_kinds[].
- */
-typedef enum OutboxWorkerKind
-{
-	WORKER_KIND_NONE = 0,		/* a slot no worker is reserved */
-	WORKER_KIND_PUBLISHER		/* publishes one database's outbox to Kafka */
-} OutboxWorkerKind;
-
-/* What a worker is doing, as outbox_worker shows it. */
+/* What a publisher is doing, as outbox_worker shows it. */
 typedef enum OutboxWorkerState
 {
 	WORKER_STOPPED = 0,
 	WORKER_STARTING,
-	WORKER_WAITING_FOR_DATABASE,
-	WORKER_WAITING_FOR_EXTENSION,
 	WORKER_WAITING_FOR_BROKERS,
 	WORKER_IDLE,
 	WORKER_PUBLISHING
 } OutboxWorkerState;
 
+/*
+ * Why a publisher left, as it tells its launcher; WORKER_EXIT_UNSAID if it
+ * died or failed before it could say.
+ */
+typedef enum WorkerExitReason
+{
+	WORKER_EXIT_UNSAID = 0,
+	WORKER_EXIT_NO_EXTENSION	/* the extension is not (or no longer) there */
+} WorkerExitReason;
+
+/* What the extension's presence in a database is, as a probe found it. */
+typedef enum ProbeResult
+{
+	PROBE_NONE = 0,				/* no probe ran, or it could not connect */
+	PROBE_NO_EXTENSION,
+	PROBE_HAS_EXTENSION
+} ProbeResult;
+
 #define WORKER_LAST_ERROR_LEN 256
 
-/* A copy of one slot, as the views read it. */
+/* A copy of one publisher's slot, as the views read it. */
 typedef struct WorkerStatus
 {
-	OutboxWorkerKind kind;
+	Oid			database;		/* InvalidOid: the slot is free */
 	int			pid;			/* 0 while no worker runs */
 	OutboxWorkerState state;
 	bool		brokers_reachable;
@@ -52,22 +59,58 @@ typedef struct WorkerStatus
 	uint64		dead_lettered;
 } WorkerStatus;
 
+/* The most databases the launcher lists as waiting for a slot. */
+#define LAUNCHER_MAX_LISTED_WAITING 64
+
+/* A copy of the launcher's part, as outbox_launcher reads it. */
+typedef struct LauncherStatus
+{
+	int			pid;			/* 0 while the launcher does not run */
+	TimestampTz started_at;
+	int			databases_waiting;	/* all of them, listed or not */
+	int			listed_waiting;
+	Oid			waiting[LAUNCHER_MAX_LISTED_WAITING];
+	TimestampTz last_error_at;
+	char		last_error[WORKER_LAST_ERROR_LEN];
+} LauncherStatus;
+
 /* In the postmaster, from _PG_init. */
 extern void worker_slots_init(void);
-extern int	worker_slot_reserve(OutboxWorkerKind kind);
 
 /* In any backend. */
 extern int	worker_slot_count(void);
 extern bool worker_slot_read(int slot, WorkerStatus *status);
 extern const char *worker_state_name(OutboxWorkerState state);
-extern void worker_wake_publisher(Oid database);
+extern bool worker_wake_publisher(Oid database);
+extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_request_fatal_error_drill(void);
+extern void launcher_read(LauncherStatus *status);
+extern void launcher_announce_database(Oid database);
+extern void launcher_request_rescan(void);
+extern bool launcher_database_waiting(Oid database);
+extern bool launcher_hold_database(Oid database);
+extern void launcher_release_database(Oid database);
 
-/* In a worker, about itself, once attached to its slot. */
-extern void worker_slot_attach(int slot);
-extern bool worker_begin_connecting(void);
-extern void worker_end_connecting(Oid database);
+/* In the launcher, about itself and the slots it hands out. */
+extern void launcher_attach(void);
+extern int	launcher_take_announced(Oid *databases, int max, bool *rescan);
+extern bool launcher_database_held(Oid database);
+extern void launcher_publish_waiting(const Oid *databases, int count);
+extern void launcher_report_error(const char *fmt,...) pg_attribute_printf(1, 2);
+extern void launcher_begin_probe(Oid database);
+extern ProbeResult launcher_end_probe(void);
+extern int	worker_slot_assign(Oid database, uint32 *generation);
+extern void worker_slot_release(int slot);
+extern int	worker_slot_pid(int slot);
+extern WorkerExitReason worker_slot_exit_reason(int slot);
+
+/* In a probe. */
+extern void probe_report(Oid database, ProbeResult result);
+
+/* In a publisher, about itself, once attached to its slot. */
+extern Oid	worker_slot_attach(int slot, uint32 generation);
+extern void worker_report_exit(WorkerExitReason reason);
 extern void worker_report_state(OutboxWorkerState state);
 extern void worker_report_brokers_reachable(bool reachable);
 extern bool worker_brokers_known_reachable(void);

@@ -32,7 +32,7 @@ sub brokers
 	return $ENV{OUTBOX_KAFKA_BROKERS} // '127.0.0.1:' . ($ENV{KAFKA_PORT} // 19092);
 }
 
-# A started cluster with outbox preloaded, the worker pointed at the test
+# A started cluster with outbox preloaded, its workers pointed at the test
 # broker, and (unless told otherwise) the extension created in postgres.
 sub outbox_node
 {
@@ -43,7 +43,6 @@ sub outbox_node
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'outbox'",
 		"outbox.brokers = '" . brokers() . "'",
-		"outbox.database = 'postgres'",
 		$opts{conf} // ''));
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
@@ -284,14 +283,17 @@ sub fault_check
 	return $result;
 }
 
-# How often the node's log says the outbox worker crashed or exited with an
-# error.
+# How often the node's log says one of the outbox's background workers (the
+# launcher, a publisher, a probe) crashed or exited with an error.
 sub worker_exits
 {
 	my ($node) = @_;
 	my $log = PostgreSQL::Test::Utils::slurp_file($node->logfile);
-	my $exits = () = $log =~ /"outbox worker" \(PID \d+\) (exited with exit code [1-9]|was terminated by signal)/g;
-	return $exits;
+	my $exits = () = $log =~ /"outbox (?:launcher|worker|probe)[^"]*" \(PID \d+\) (exited with exit code [1-9]|was terminated by signal)/g;
+	# a probe stopped by a shutdown or a restart exits as PostgreSQL's own
+	# short-lived workers do, with a FATAL and code 1: that is no failure
+	my $stopped = () = $log =~ /FATAL:  terminating background worker "outbox probe[^"]*" due to administrator command/g;
+	return $exits - $stopped;
 }
 
 sub broker_ctl

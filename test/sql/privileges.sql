@@ -17,8 +17,8 @@ GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb),
 GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
 -- the monitoring role
 CREATE ROLE outbox_monitor;
-GRANT SELECT ON outbox_status, outbox_worker TO outbox_monitor;
-GRANT EXECUTE ON FUNCTION outbox_worker_status() TO outbox_monitor;
+GRANT SELECT ON outbox_status, outbox_worker, outbox_launcher TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox_worker_status(), outbox_launcher_status() TO outbox_monitor;
 -- a member of pg_monitor, which the extension grants nothing
 CREATE ROLE outbox_pg_monitor IN ROLE pg_monitor;
 -- the operator who requeues and discards dead letters
@@ -49,6 +49,10 @@ SELECT * FROM outbox_status;
 SELECT * FROM outbox_worker;
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM outbox_worker_status();
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_launcher;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_launcher_status();
 \echo :LAST_ERROR_SQLSTATE
 -- nor attach the trigger function to a table of its own
 CREATE TEMP TABLE look_alike (topic text, key text, payload bytea, headers jsonb, state text, id bigint);
@@ -97,11 +101,12 @@ RESET ROLE;
 SELECT topic, key, encode(payload, 'escape') AS payload, headers, state, attempts
   FROM outbox_message ORDER BY id;
 
--- The monitoring role reads both views, which show no payload, key or
+-- The monitoring role reads the views, which show no payload, key or
 -- header, and nothing else.
 SET ROLE outbox_monitor;
 SELECT topic, waiting, retrying, dead_letters FROM outbox_status;
 SELECT worker_id, database, state IS NOT NULL AS has_state FROM outbox_worker;
+SELECT max_workers, workers FROM outbox_launcher;
 SELECT payload FROM outbox_message;
 \echo :LAST_ERROR_SQLSTATE
 SELECT payload FROM outbox_dead_letter;
@@ -121,10 +126,13 @@ SELECT * FROM outbox_worker;
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM outbox_worker_status();
 \echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_launcher;
+\echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 SELECT attrelid::regclass AS view, string_agg(attname, ', ' ORDER BY attnum) AS columns
   FROM pg_attribute
- WHERE attrelid IN ('outbox_status'::regclass, 'outbox_worker'::regclass) AND attnum > 0
+ WHERE attrelid IN ('outbox_status'::regclass, 'outbox_worker'::regclass,
+                    'outbox_launcher'::regclass) AND attnum > 0
  GROUP BY attrelid ORDER BY 1;
 
 -- The operator sees the dead letters, requeues one and discards the other,

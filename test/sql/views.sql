@@ -33,6 +33,12 @@ SELECT worker_id, database, pid > 0 AS has_pid, state, brokers, brokers_reachabl
        started_at <= now() AS started, published, failed, dead_lettered,
        last_publish_at, last_error IS NOT NULL AS has_last_error
   FROM outbox_worker;
-SELECT count(*) AS worker_backends FROM pg_stat_activity WHERE backend_type LIKE '%outbox%';
+-- one worker for this database, and the launcher that started it
+SELECT backend_type, count(*) FROM pg_stat_activity
+ WHERE backend_type IN ('outbox launcher', 'outbox worker')
+ GROUP BY 1 ORDER BY 1;
+SELECT pid > 0 AS has_pid, started_at <= now() AS started, max_workers, workers,
+       databases_waiting, waiting, last_error
+  FROM outbox_launcher;
 -- and it claimed nothing while the brokers are unreachable: no attempt spent
 SELECT topic, state, attempts FROM outbox_message ORDER BY id;

@@ -14,12 +14,17 @@ use Time::HiRes qw(time);
 my $node = outbox_node('publish', no_extension => 1,
 	conf => "outbox.poll_interval = '10min'\noutbox.sent_retention = '1h'");
 
-# Before CREATE EXTENSION the worker waits quietly: it runs, without errors.
+# Before CREATE EXTENSION only the launcher runs, quietly; once it commits,
+# a worker serves the database.
 ok($node->poll_query_until('postgres',
-		"SELECT query FROM pg_stat_activity WHERE backend_type = 'outbox worker'",
-		'outbox: waiting for CREATE EXTENSION outbox'),
-	'before the extension exists the worker runs and says what it waits for');
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox launcher'", '1'),
+	'before the extension exists the launcher runs');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'"), '0',
+	'and no worker, in a database without the extension');
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+ok($node->poll_query_until('postgres', "SELECT database FROM outbox_worker", 'postgres'),
+	'after CREATE EXTENSION a worker serves the database');
 
 my $topic = unique_topic('publish');
 my $other = unique_topic('publish.insert');

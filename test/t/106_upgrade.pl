@@ -1,5 +1,5 @@
-# ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0) to
-# the current one (0.3.0), with messages in every state: pending, retrying,
+# ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
+# 0.3.0) to the current one (0.4.0), with messages in every state: pending, retrying,
 # sent (kept under outbox.sent_retention) and dead-lettered.  The library is
 # the new one from the start, as after an upgrade's restart, so this also
 # shows it serving the earlier schemas.
@@ -16,6 +16,8 @@ use warnings;
 use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
+
+my $current = '0.4.0';
 
 sub upgrade_from
 {
@@ -75,8 +77,8 @@ my $highest_id = $node->safe_psql('postgres',
 	'SELECT greatest((SELECT max(id) FROM outbox_message), (SELECT max(id) FROM outbox_dead_letter))');
 
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
-is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), '0.3.0',
-	"from $from, the extension is at 0.3.0");
+is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), $current,
+	"from $from, the extension is at $current");
 
 # The upgraded schema is the fresh install's, object by object.
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
@@ -119,7 +121,7 @@ my $upgraded = $node->safe_psql('postgres', $schema_query);
 my $fresh = $node->safe_psql('fresh', $schema_query);
 # The order of extconfig is the order of the pg_extension_config_dump() calls.
 s/^config \{([^}]*)\}/'config {' . join(',', sort split m{,}, $1) . '}'/me for ($upgraded, $fresh);
-is($upgraded, $fresh, "the schema upgraded from $from is what a fresh install of 0.3.0 makes");
+is($upgraded, $fresh, "the schema upgraded from $from is what a fresh install of $current makes");
 
 is($node->safe_psql('postgres', q{
 	SELECT has_function_privilege('public', 'outbox_message_check()', 'EXECUTE'),
@@ -174,5 +176,5 @@ $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0');
 done_testing();

@@ -1,0 +1,681 @@
+/*-------------------------------------------------------------------------
+ *
+ * launcher.c
+ *	  The launcher: a background worker, connected to no database, that
+ *	  starts a publishing worker for every database whose outbox is to be
+ *	  published, within outbox.max_workers, and a probe to find out which
+ *	  databases have the extension.
+ *
+ * It keeps a table of the databases pg_database lists, each in a named
+ * state (DatabaseState), and moves each along in manage_database():
+ *
+ *	 UNCHECKED --probe--> PROBING --> NO_EXTENSION
+ *	                         |
+ *	                         +------> WAITING --slot--> SERVED
+ *
+ * and to SKIPPED, from any state, while the database is a template,
+ * refuses connections, is outside outbox.databases or is held by a backend
+ * that drops, renames or copies it (worker_slot.c's holds); back to
+ * UNCHECKED once it is none of those.  A database announced by a backend
+ * (CREATE EXTENSION outbox, or an enqueue that no publisher serves) goes
+ * to WAITING without a probe; a publisher that finds the extension gone
+ * sends its database back to NO_EXTENSION.  A publisher that exits for
+ * another reason is started again, after a pause.
+ *
+ * A process connects to one database in its life, so a probe is a
+ * short-lived background worker of its own, one at a time, outside the
+ * budget: it connects, looks for the extension, says what it found
+ * (probe_report()) and exits.
+ *
+ * The launcher wakes on its latch, which backends set when they announce
+ * a database or hold one, publishers when they exit and the postmaster
+ * when a worker it was asked for starts or stops; and every
+ * SCAN_INTERVAL_MS to read pg_database again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <signal.h>
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/extension.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+
+#include "settings.h"
+#include "worker_slot.h"
+
+/* How often pg_database is read again without being asked. */
+#define SCAN_INTERVAL_MS 5000
+
+/* The pause before a publisher that exited is started again. */
+#define RESTART_PAUSE_MS 1000
+
+/* The pause before a failed start or probe is tried again. */
+#define RETRY_PAUSE_MS 5000
+
+/* The most databases announced that one pass of the loop takes. */
+#define ANNOUNCED_PER_PASS 32
+
+/* The background workers the launcher takes besides the budget: itself and a probe. */
+#define LAUNCHER_OWN_WORKERS 2
+
+/* The first size of the table of databases. */
+#define INITIAL_DATABASES 64
+
+/* What pg_stat_activity calls the workers the launcher starts. */
+#define PUBLISHER_TYPE "outbox worker"
+#define PROBE_TYPE "outbox probe"
+
+extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
+extern PGDLLEXPORT void outbox_probe_main(Datum main_arg);
+
+typedef enum DatabaseState
+{
+	DB_UNCHECKED,				/* not known whether it has the extension */
+	DB_PROBING,					/* the probe is in it */
+	DB_NO_EXTENSION,
+	DB_WAITING,					/* has the extension, waits for a slot */
+	DB_SERVED,					/* a slot is handed out for it */
+	DB_SKIPPED					/* not to be published; see eligible() */
+} DatabaseState;
+
+typedef struct KnownDatabase
+{
+	Oid			oid;			/* the hash key */
+	NameData	name;
+	bool		connectable;	/* neither a template nor refusing connections */
+	bool		listed;			/* in the last scan of pg_database */
+	DatabaseState state;
+	TimestampTz not_before;		/* no start or probe before then */
+	bool		start_failed;	/* reported the last failed start */
+	bool		wait_logged;	/* logged that it waits for a slot */
+	bool		announced;		/* said to have the extension since it was
+								 * last found without */
+	int			slot;			/* while SERVED */
+	TimestampTz restart_at;		/* while SERVED, its publisher gone: when the
+								 * next starts */
+	BackgroundWorkerHandle *worker;	/* while SERVED and its worker asked for */
+	bool		stop_asked;		/* SIGTERM sent to its worker */
+} KnownDatabase;
+
+static HTAB *databases = NULL;
+
+/* The probe that runs, if any, and the database it is in. */
+static BackgroundWorkerHandle *probe = NULL;
+static KnownDatabase *probed = NULL;
+
+static TimestampTz next_scan_at = 0;
+
+/* Exit code that makes the postmaster start the launcher again. */
+#define EXIT_TO_RESTART 1
+
+/* Set when SIGTERM came from the postmaster: the server is shutting down. */
+static volatile sig_atomic_t stopped_by_postmaster = false;
+
+/*
+ * SIGTERM: stop.  Who sent it decides how the launcher exits: the
+ * postmaster at shutdown, or a backend through pg_terminate_backend(),
+ * after which the postmaster must start it again, as it does autovacuum's
+ * launcher, or no database would be served again until the next restart.
+ */
+static void
+handle_sigterm(int signo, siginfo_t *info, void *context)
+{
+	stopped_by_postmaster = info != NULL && info->si_pid == PostmasterPid;
+	SignalHandlerForShutdownRequest(signo);
+}
+
+static void
+install_sigterm_handler(void)
+{
+	struct sigaction action;
+
+	memset(&action, 0, sizeof(action));
+	action.sa_sigaction = handle_sigterm;
+	action.sa_flags = SA_SIGINFO | SA_RESTART;
+	sigemptyset(&action.sa_mask);
+	if (sigaction(SIGTERM, &action, NULL) != 0)
+		elog(FATAL, "outbox: could not install the SIGTERM handler: %m");
+}
+
+/*
+ * Register a dynamic background worker of the extension, whose postmaster
+ * tells this process when it starts and stops.  Returns its handle, or
+ * NULL if no background worker slot is free.
+ */
+static BackgroundWorkerHandle *
+start_worker(const char *function_name, const char *type, const char *name,
+			 Datum main_arg, uint32 extra)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	MemoryContext caller;
+	bool		registered;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	worker.bgw_main_arg = main_arg;
+	memcpy(worker.bgw_extra, &extra, sizeof(extra));
+	worker.bgw_notify_pid = MyProcPid;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function_name);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "%s %s", type, name);
+	snprintf(worker.bgw_type, BGW_MAXLEN, "%s", type);
+
+	/* the handle outlives the pass of the loop that asks for the worker */
+	caller = MemoryContextSwitchTo(TopMemoryContext);
+	registered = RegisterDynamicBackgroundWorker(&worker, &handle);
+	MemoryContextSwitchTo(caller);
+	return registered ? handle : NULL;
+}
+
+/* Has this worker gone (or never started)? */
+static bool
+worker_gone(BackgroundWorkerHandle *handle)
+{
+	pid_t		pid;
+
+	return GetBackgroundWorkerPid(handle, &pid) == BGWH_STOPPED;
+}
+
+/*
+ * Should the database's outbox be published?  Its publisher may connect,
+ * the allow-list names it, and no backend holds it.
+ */
+static bool
+eligible(KnownDatabase *db)
+{
+	return db->connectable &&
+		settings_database_allowed(NameStr(db->name)) &&
+		!launcher_database_held(db->oid);
+}
+
+/*
+ * Read pg_database: add the databases not yet known, note each one's name
+ * and whether it may be connected to, and forget those that have gone
+ * (their publisher, if any, has gone with them or is about to).
+ */
+static void
+scan_databases(void)
+{
+	HASH_SEQ_STATUS seq;
+	KnownDatabase *db;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+		db->listed = false;
+
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database form = (Form_pg_database) GETSTRUCT(tuple);
+		bool		found;
+
+		db = hash_search(databases, &form->oid, HASH_ENTER, &found);
+		if (!found)
+		{
+			db->state = DB_UNCHECKED;
+			db->not_before = 0;
+			db->start_failed = false;
+			db->wait_logged = false;
+			db->announced = false;
+			db->slot = -1;
+			db->restart_at = 0;
+			db->worker = NULL;
+			db->stop_asked = false;
+		}
+		db->name = form->datname;
+		db->connectable = form->datallowconn && !form->datistemplate &&
+			!database_is_invalid_form(form);
+		db->listed = true;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+		if (!db->listed && db->state != DB_SERVED && db->state != DB_PROBING)
+			hash_search(databases, &db->oid, HASH_REMOVE, NULL);
+}
+
+/* Databases announced to have the extension wait for a slot, unprobed. */
+static void
+take_announcements(void)
+{
+	Oid			announced[ANNOUNCED_PER_PASS];
+	bool		rescan;
+	int			count = launcher_take_announced(announced, lengthof(announced), &rescan);
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (rescan || count > 0 || now >= next_scan_at)
+	{
+		scan_databases();
+		next_scan_at = TimestampTzPlusMilliseconds(now, SCAN_INTERVAL_MS);
+	}
+	for (int i = 0; i < count; i++)
+	{
+		KnownDatabase *db = hash_search(databases, &announced[i], HASH_FIND, NULL);
+
+		if (db == NULL)
+			continue;
+		if (db->state == DB_UNCHECKED || db->state == DB_NO_EXTENSION)
+		{
+			db->state = DB_WAITING;
+			db->not_before = 0;
+		}
+		else if (db->state == DB_PROBING || db->state == DB_SERVED)
+			db->announced = true;	/* what the probe or the publisher finds
+									 * may be older than the announcement */
+	}
+}
+
+/* Start the probe in this database, if none runs. */
+static void
+start_probe(KnownDatabase *db)
+{
+	if (probe != NULL || GetCurrentTimestamp() < db->not_before)
+		return;
+	launcher_begin_probe(db->oid);
+	probe = start_worker("outbox_probe_main", PROBE_TYPE, NameStr(db->name),
+						 ObjectIdGetDatum(db->oid), 0);
+	if (probe == NULL)
+	{
+		launcher_report_error("could not start a probe of database \"%s\": no background worker slot is free",
+							  NameStr(db->name));
+		db->not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RETRY_PAUSE_MS);
+		return;
+	}
+	probed = db;
+	db->state = DB_PROBING;
+}
+
+/* Once the probe has gone: what it found moves its database on. */
+static void
+finish_probe(KnownDatabase *db)
+{
+	bool		announced;
+
+	if (!worker_gone(probe))
+		return;
+	pfree(probe);
+	probe = NULL;
+	probed = NULL;
+	announced = db->announced;
+	db->announced = false;
+	switch (launcher_end_probe())
+	{
+		case PROBE_HAS_EXTENSION:
+			db->state = DB_WAITING;
+			break;
+		case PROBE_NO_EXTENSION:
+			db->state = announced ? DB_WAITING : DB_NO_EXTENSION;
+			break;
+		case PROBE_NONE:
+			/* it could not connect: the database may be on its way out */
+			db->state = DB_UNCHECKED;
+			db->not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RETRY_PAUSE_MS);
+			break;
+	}
+}
+
+/* Start a publisher for the database in its slot; false if none could start. */
+static bool
+start_publisher(KnownDatabase *db, uint32 generation)
+{
+	db->worker = start_worker("outbox_publisher_main", PUBLISHER_TYPE, NameStr(db->name),
+							  Int32GetDatum(db->slot), generation);
+	db->stop_asked = false;
+	if (db->worker != NULL)
+	{
+		db->start_failed = false;
+		return true;
+	}
+	if (!db->start_failed)
+		launcher_report_error("could not start the worker of database \"%s\": no background worker slot is free; raise max_worker_processes",
+							  NameStr(db->name));
+	db->start_failed = true;
+	db->not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RETRY_PAUSE_MS);
+	return false;
+}
+
+/* Hand a waiting database a slot, if one is free, and start its publisher. */
+static void
+serve(KnownDatabase *db)
+{
+	uint32		generation;
+
+	if (GetCurrentTimestamp() < db->not_before)
+		return;
+	db->slot = worker_slot_assign(db->oid, &generation);
+	if (db->slot < 0)
+	{
+		if (!db->wait_logged)
+			ereport(LOG,
+					(errmsg("outbox launcher: database \"%s\" waits for a worker: the %d of outbox.max_workers serve other databases",
+							NameStr(db->name), outbox_max_workers)));
+		db->wait_logged = true;
+		return;
+	}
+	db->wait_logged = false;
+	if (!start_publisher(db, generation))
+	{
+		worker_slot_release(db->slot);
+		db->slot = -1;
+		return;
+	}
+	db->state = DB_SERVED;
+}
+
+/* Ask the database's publisher to stop, once. */
+static void
+stop_publisher(KnownDatabase *db)
+{
+	int			pid;
+
+	if (db->stop_asked)
+		return;
+	db->stop_asked = true;
+	if (db->worker)
+		TerminateBackgroundWorker(db->worker);
+	else if ((pid = worker_slot_pid(db->slot)) != 0)
+		kill(pid, SIGTERM);		/* adopted from a launcher before this one */
+}
+
+/* Has the database's publisher gone? */
+static bool
+publisher_gone(KnownDatabase *db)
+{
+	if (db->worker)
+		return worker_gone(db->worker);
+	return worker_slot_pid(db->slot) == 0;
+}
+
+/* The database's slot goes back; it moves to this state. */
+static void
+release_slot(KnownDatabase *db, DatabaseState state)
+{
+	worker_slot_release(db->slot);
+	db->slot = -1;
+	db->restart_at = 0;
+	db->state = state;
+}
+
+/*
+ * Its publisher has gone: the slot goes back if the database is not to be
+ * published, or if the extension has gone (and was not created again
+ * since); otherwise the next publisher starts after a pause.
+ */
+static void
+publisher_left(KnownDatabase *db, bool should_run)
+{
+	WorkerExitReason reason = worker_slot_exit_reason(db->slot);
+	bool		announced = db->announced;
+
+	if (db->worker)
+		pfree(db->worker);
+	db->worker = NULL;
+	db->announced = false;
+	if (!should_run)
+		release_slot(db, DB_SKIPPED);
+	else if (reason == WORKER_EXIT_NO_EXTENSION && !announced)
+		release_slot(db, DB_NO_EXTENSION);
+	else
+		db->restart_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RESTART_PAUSE_MS);
+}
+
+/* Start the next publisher in the database's slot, or wait for one again. */
+static void
+restart_publisher(KnownDatabase *db)
+{
+	uint32		generation;
+
+	worker_slot_release(db->slot);
+	db->slot = worker_slot_assign(db->oid, &generation);	/* the same slot */
+	db->restart_at = 0;
+	if (!start_publisher(db, generation))
+		release_slot(db, DB_WAITING);
+}
+
+/*
+ * A served database: stop its publisher if it is not to be published any
+ * more; once it has gone, start the next after a pause (see
+ * publisher_left()).
+ */
+static void
+manage_served(KnownDatabase *db, bool should_run)
+{
+	if (!should_run)
+		stop_publisher(db);
+
+	if (db->restart_at == 0)
+	{
+		if (publisher_gone(db))
+			publisher_left(db, should_run);
+	}
+	else if (!should_run)
+		release_slot(db, DB_SKIPPED);
+	else if (GetCurrentTimestamp() >= db->restart_at)
+		restart_publisher(db);
+}
+
+/* Take one step of a database's way; see the file's header comment. */
+static void
+step_database(KnownDatabase *db, bool should_run)
+{
+	switch (db->state)
+	{
+		case DB_SKIPPED:
+			if (should_run)
+				db->state = DB_UNCHECKED;
+			break;
+		case DB_UNCHECKED:
+			if (!should_run)
+				db->state = DB_SKIPPED;
+			else
+				start_probe(db);
+			break;
+		case DB_PROBING:
+			finish_probe(db);
+			break;
+		case DB_NO_EXTENSION:
+			if (!should_run)
+				db->state = DB_SKIPPED;
+			break;
+		case DB_WAITING:
+			if (!should_run)
+				db->state = DB_SKIPPED;
+			else
+				serve(db);
+			break;
+		case DB_SERVED:
+			manage_served(db, should_run);
+			break;
+	}
+}
+
+/* Move one database along as far as it goes now. */
+static void
+manage_database(KnownDatabase *db)
+{
+	bool		should_run = db->listed && eligible(db);
+	DatabaseState before;
+
+	do
+	{
+		before = db->state;
+		step_database(db, should_run);
+	} while (db->state != before);
+}
+
+/* The databases that wait for a slot, as the views and the WARNING see it. */
+static void
+publish_waiting(void)
+{
+	HASH_SEQ_STATUS seq;
+	KnownDatabase *db;
+	Oid		   *waiting = palloc(sizeof(Oid) * Max(hash_get_num_entries(databases), 1));
+	int			count = 0;
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+		if (db->state == DB_WAITING)
+			waiting[count++] = db->oid;
+	launcher_publish_waiting(waiting, count);
+	pfree(waiting);
+}
+
+/* How long to sleep: until the next scan, or the next start due. */
+static long
+time_to_next_event(void)
+{
+	HASH_SEQ_STATUS seq;
+	KnownDatabase *db;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz next = next_scan_at;
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+	{
+		if (db->not_before > now && (db->state == DB_UNCHECKED || db->state == DB_WAITING))
+			next = Min(next, db->not_before);
+		if (db->restart_at > now)
+			next = Min(next, db->restart_at);
+	}
+	return TimestampDifferenceMilliseconds(now, next);
+}
+
+/*
+ * Slots handed out by a launcher before this one (which exited, and was
+ * started again) keep their publishers: adopt those that run, free those
+ * whose worker has gone or never came (a worker asked for that starts late
+ * finds its slot free, and exits).
+ */
+static void
+adopt_running_publishers(void)
+{
+	scan_databases();
+	for (int i = 0; i < worker_slot_count(); i++)
+	{
+		WorkerStatus status;
+		KnownDatabase *db;
+
+		if (!worker_slot_read(i, &status))
+			continue;
+		db = hash_search(databases, &status.database, HASH_FIND, NULL);
+		if (status.pid == 0 || db == NULL)
+		{
+			worker_slot_release(i);
+			continue;
+		}
+		db->state = DB_SERVED;
+		db->slot = i;
+	}
+}
+
+/* One pass of the loop: every database moved along, the state told. */
+static void
+launch_once(void)
+{
+	HASH_SEQ_STATUS seq;
+	KnownDatabase *db;
+
+	take_announcements();
+	if (probe != NULL)
+		finish_probe(probed);
+
+	hash_seq_init(&seq, databases);
+	while ((db = hash_seq_search(&seq)) != NULL)
+		manage_database(db);
+	publish_waiting();
+}
+
+void
+outbox_launcher_main(Datum main_arg)
+{
+	HASHCTL		ctl;
+	MemoryContext loop_context;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	install_sigterm_handler();
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("outbox launcher");
+	launcher_attach();
+
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(KnownDatabase);
+	ctl.hcxt = TopMemoryContext;
+	databases = hash_create("outbox launcher databases", INITIAL_DATABASES, &ctl,
+							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	adopt_running_publishers();
+	if (outbox_max_workers + LAUNCHER_OWN_WORKERS > max_worker_processes)
+		launcher_report_error("outbox.max_workers (%d) and the launcher's own %d need more than max_worker_processes (%d): raise it to at least %d, plus what parallel queries and other extensions use",
+							  outbox_max_workers, LAUNCHER_OWN_WORKERS, max_worker_processes,
+							  outbox_max_workers + LAUNCHER_OWN_WORKERS);
+
+	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox launcher loop",
+										 ALLOCSET_DEFAULT_SIZES);
+	while (!ShutdownRequestPending)
+	{
+		MemoryContextSwitchTo(loop_context);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		launch_once();
+		MemoryContextReset(loop_context);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 Max(time_to_next_event(), 1), PG_WAIT_EXTENSION);
+	}
+	proc_exit(stopped_by_postmaster ? 0 : EXIT_TO_RESTART);
+}
+
+/*
+ * The probe: connect to the database in main_arg, say whether the
+ * extension is there, and exit.  It runs no SQL: it reads the catalog.
+ */
+void
+outbox_probe_main(Datum main_arg)
+{
+	Oid			database = DatumGetObjectId(main_arg);
+	bool		has_extension;
+
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	pgstat_report_appname("outbox probe");
+
+	StartTransactionCommand();
+	has_extension = OidIsValid(get_extension_oid("outbox", true));
+	CommitTransactionCommand();
+	probe_report(database, has_extension ? PROBE_HAS_EXTENSION : PROBE_NO_EXTENSION);
+	proc_exit(0);
+}
