@@ -8,16 +8,19 @@
 #   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
 #   B5  1,000 messages per second while a transaction holds the xmin horizon
+#   B6  three databases at 1,000 messages per second each, beside one at 3,000
 #
 # Every figure is printed beside the peers' measured in the same run, as a
 # ratio: absolute times on a shared machine drift.  Progress goes to stderr,
 # the tables to stdout.  Exits non-zero when a run is broken (messages
 # missing in Kafka, a pgbench failure), never because of speed.
 #
-#   bench.py --dsn DSN --brokers B --pg-bin DIR [--quick] [--soak] [--only B5,...] [--command TEXT]
+#   bench.py --dsn DSN --brokers B --pg-bin DIR [--more-databases D2,D3] [--quick] [--soak]
+#            [--only B5,...] [--command TEXT]
 #
-# test/bench/run prepares the cluster (outbox preloaded, outbox.database =
-# the DSN's database, schema.sql not yet run) and the broker, and calls this.
+# test/bench/run prepares the cluster (outbox preloaded, the extension
+# created in the DSN's database and in B6's other two, schema.sql not yet
+# run) and the broker, and calls this.
 # /usr/bin/python3 on purpose: Debian's python3-psycopg2 and python3-confluent-kafka.
 import argparse
 import datetime
@@ -44,9 +47,11 @@ PYTHON = "/usr/bin/python3"
 
 SIZES = {
     "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
-                "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300},
+                "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300, "b6_seconds": 25,
+                "b6_warmup": 20},
     "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
-              "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60},
+              "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60, "b6_seconds": 8,
+              "b6_warmup": 5},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
 # B5: B3's 1,000 msg/s; a baseline without the hold, then the hold (its size's
@@ -60,8 +65,17 @@ B5 = {"rate": 1000, "warmup": 5, "baseline": 15, "every": 30, "soak_hold": 1800,
       "after_every": 10, "back_within": 1.25}
 # The seed poller falls seconds behind at 1,000 msg/s already (B3): B5 skips it.
 B5_PEERS = ("ours", "tuned")
+# B6: B3's 1,000 msg/s into each of three databases, each database's load to
+# a topic of its own, each published by its database's worker; beside it the
+# same three loads into one database, so 3,000 msg/s published by one
+# worker.  The two differ only in how many databases, and so workers, share
+# the load.  Each runs once unmeasured first (its size's "b6_warmup"
+# seconds): measured cold (a fresh broker, new topics, outboxes never
+# analyzed), the first to run had a p50 several times the second's (three
+# databases first: 72 to 230 ms against 10 to 40), falling over its 30 s.
+B6 = {"rate": 1000}
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B3", "B4", "B5")
+PARTS = ("B2", "B1", "B3", "B4", "B5", "B6")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -168,8 +182,10 @@ def wait_until(what, condition, timeout, interval=0.1):
 
 class Database:
     def __init__(self, dsn):
+        self.dsn = dsn
         self.conn = psycopg2.connect(dsn)
         self.conn.autocommit = True    # VACUUM, ALTER SYSTEM; each statement commits
+        self.name = self.conn.info.dbname
 
     def run(self, sql, params=None):
         with self.conn.cursor() as cur:
@@ -280,6 +296,14 @@ def segment_rates(observed, segment):
     return {c1: (c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(marks, marks[1:])}
 
 
+def latency_summary(result):
+    """A line of progress on a result of Bench.latency_loads()."""
+    return (f"{result['committed']:,.0f} msg/s committed, "
+            + ("kept up" if result["kept_up"]
+               else f"behind: backlog {result['backlog']:,} at the end of the load")
+            + ("; p50 %(p50).1f ms, p99 %(p99).1f ms, max %(max).1f ms" % result if "p50" in result else ""))
+
+
 def percentiles(latencies):
     if not latencies:
         return None
@@ -323,16 +347,19 @@ def children(pid):
 
 
 class Worker:
-    """The outbox worker(s), through the outbox_worker view and a setting."""
+    """The outbox worker of the DSN's database, through the outbox_worker
+    view and a setting.  The view shows every database's worker: B6's other
+    databases have theirs, which B1 to B5 leave out of what they count."""
 
     def __init__(self, db):
         self.db = db
 
     def rows(self):
-        return self.db.run("SELECT pid, state, published FROM outbox_worker")
+        return self.db.run("SELECT pid, state, published FROM outbox_worker"
+                           " WHERE database = current_database()")
 
     def pids(self):
-        """The workers and their Kafka processes (outbox_kafka), which run librdkafka."""
+        """The worker and its Kafka process (outbox_kafka), which runs librdkafka."""
         workers = [pid for pid, _, _ in self.rows() if pid]
         return workers + [child for pid in workers for child in children(pid)]
 
@@ -436,8 +463,9 @@ class Bench:
         built = datetime.datetime.fromtimestamp(os.path.getmtime(so))
         self.measured = f"{so} (built {built:%Y-%m-%d %H:%M}, sha256 {digest})"
 
-    def pgbench(self, script, seconds, rate=None, background=False):
-        """pgbench over the script (text); with background, the Popen (see finish_pgbench)."""
+    def pgbench(self, script, seconds, rate=None, background=False, dsn=None):
+        """pgbench over the script (text), in the DSN's database or dsn's; with
+        background, the Popen (see finish_pgbench)."""
         file = tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False)
         file.write(script)
         file.close()
@@ -445,7 +473,7 @@ class Bench:
                "-c", str(CLIENTS), "-j", str(JOBS), "-T", str(int(seconds)), "-f", file.name]
         if rate:
             cmd += ["-R", str(rate)]
-        load = subprocess.Popen(cmd + [self.args.dsn], stdout=subprocess.PIPE,
+        load = subprocess.Popen(cmd + [dsn or self.args.dsn], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         load.script = file.name
         return load if background else self.finish_pgbench(load)
@@ -641,36 +669,64 @@ class Bench:
 
     # B3 ----------------------------------------------------------------------
 
-    def latency_run(self, peer, rate):
-        topic = f"bench.b3.{peer}.{rate}"
-        seconds, grace, per_transaction = self.size["b3_seconds"], self.size["grace"], B3_RATES[rate]
-        poller = Peer(peer, self.args) if peer != "ours" else None
-        consumer = LatencyConsumer(self.kafka, topic)
-        consumer.start()
+    def latency_loads(self, what, loads, seconds, warmup=WARMUP):
+        """Loads offered together by pgbench -R for warmup + seconds, each a
+        (Database, peer, topic, msg/s, messages per transaction) enqueueing
+        latency_script() into its database, read from its topic's end by a
+        consumer of its own; then up to the grace for their messages.  Per
+        load: msg/s committed and delivered, whether its database kept up,
+        and the latencies of the messages enqueued after the warm-up
+        ("latencies", and their percentiles)."""
+        consumers = [LatencyConsumer(self.kafka, topic) for _, _, topic, _, _ in loads]
+        for consumer in consumers:
+            consumer.start()
         begin, began = time.time() * 1000, time.monotonic()
-        load = self.pgbench(latency_script(peer, topic, per_transaction), seconds + WARMUP,
-                            rate=rate // per_transaction)
-        committed = load["processed"] * per_transaction
-        backlog = self.db.value(BACKLOG[peer])
-        deadline = time.monotonic() + grace
-        while len(consumer.samples) < committed and time.monotonic() < deadline:
+        running = [self.pgbench(latency_script(peer, topic, per_transaction), seconds + warmup,
+                                rate=rate // per_transaction, background=True, dsn=db.dsn)
+                   for db, peer, topic, rate, per_transaction in loads]
+        figures = [self.finish_pgbench(load) for load in running]
+        committed = [load["processed"] * per_transaction
+                     for load, (_, _, _, _, per_transaction) in zip(figures, loads)]
+        # Behind: more than a second's worth of messages still unpublished in
+        # the load's database when the loads ended.  Its latencies then only
+        # say how long the load ran.
+        backlog = {(db.name, peer): db.value(BACKLOG[peer]) for db, peer, _, _, _ in loads}
+        offered = {key: sum(rate for db, peer, _, rate, _ in loads if (db.name, peer) == key)
+                   for key in backlog}
+        deadline = time.monotonic() + self.size["grace"]
+        while (any(len(c.samples) < n for c, n in zip(consumers, committed))
+               and time.monotonic() < deadline):
             time.sleep(0.1)
-        consumer.stop()
+        for consumer, n, (db, peer, topic, _, _) in zip(consumers, committed, loads):
+            # Everything published, but not yet all consumed: a little longer.
+            if len(consumer.samples) < n and db.value(BACKLOG[peer]) == 0:
+                wait_until(f"{what}: {n:,} committed to {topic}, consumed",
+                           lambda: len(consumer.samples) >= n, 10)
+        for consumer in consumers:
+            consumer.stop()
         elapsed = time.monotonic() - began
+        results = []
+        for consumer, n, load, (db, peer, topic, _, per_transaction) in zip(consumers, committed, figures,
+                                                                            loads):
+            received = len(consumer.samples)
+            if received > n:
+                raise Broken(f"{what}: {n:,} committed to {topic}, {received:,} in Kafka")
+            key = (db.name, peer)
+            latencies = consumer.latencies(enqueued_after=begin + warmup * 1000)
+            results.append({"messages": n, "committed": load["tps"] * per_transaction,
+                            "delivered": received / elapsed,
+                            "kept_up": backlog[key] <= offered[key], "backlog": backlog[key],
+                            "latencies": latencies, **(percentiles(latencies) or {})})
+        return results
+
+    def latency_run(self, peer, rate):
+        poller = Peer(peer, self.args) if peer != "ours" else None
+        result, = self.latency_loads(f"B3 {peer} at {rate}/s",
+                                     [(self.db, peer, f"bench.b3.{peer}.{rate}", rate, B3_RATES[rate])],
+                                     self.size["b3_seconds"])
         if poller:
             poller.stop()
-        received = len(consumer.samples)
-        if received > committed or (received < committed and self.db.value(BACKLOG[peer]) == 0):
-            raise Broken(f"B3 {peer} at {rate}/s: {committed:,} committed, {received:,} in Kafka")
-        # Behind: more than a second's worth of messages still unpublished when
-        # the load ended.  Its latencies then only say how long the load ran.
-        kept_up = backlog <= rate
-        stats = percentiles(consumer.latencies(enqueued_after=begin + WARMUP * 1000))
-        result = {"committed": load["tps"] * per_transaction, "delivered": received / elapsed,
-                  "kept_up": kept_up, "backlog": backlog, **(stats or {})}
-        progress(f"B3 {peer} at {rate}/s: {result['committed']:,.0f} msg/s committed, "
-                 + ("kept up" if kept_up else f"behind: backlog {backlog:,} at the end of the load")
-                 + ("; p50 %(p50).1f ms, p99 %(p99).1f ms, max %(max).1f ms" % stats if stats else ""))
+        progress(f"B3 {peer} at {rate}/s: " + latency_summary(result))
         self.clean()
         return result
 
@@ -809,6 +865,63 @@ class Bench:
         self.clean()
         return {"windows": windows, "after": after, "after_stats": after_stats, "back": back}
 
+    # B6 ----------------------------------------------------------------------
+
+    def b6(self):
+        """A load into each database, published by the database's own worker;
+        then as many loads into the DSN's database, published by its worker
+        alone; both warmed up first, unmeasured."""
+        dbs = [self.db] + [Database(psycopg2.extensions.make_dsn(self.args.dsn, dbname=name))
+                           for name in self.args.more_databases]
+        if len(dbs) < 2:
+            raise Broken("B6: no other database (--more-databases)")
+        wait_until("B6: a worker per database", lambda: set(self.published_by_database())
+                   >= {db.name for db in dbs}, 30)
+        seconds = self.size["b6_seconds"]
+        variants = {"apart": [(db, f"bench.b6.{db.name}") for db in dbs],
+                    "together": [(self.db, f"bench.b6.one.{n}") for n in range(1, len(dbs) + 1)]}
+
+        def clean():
+            for db in dbs[1:]:
+                db.run("VACUUM ANALYZE outbox_message")
+            self.clean()
+
+        clean()
+        for variant, loads in variants.items():
+            self.latency_loads(f"B6 {variant} warm-up",
+                               [(db, "ours", topic, B6["rate"], 1) for db, topic in loads],
+                               self.size["b6_warmup"], 0)
+            progress(f"B6 {variant}: warmed up")
+            clean()
+        self.results["b6"] = {"seconds": seconds, "warmup": self.size["b6_warmup"]}
+        for variant, loads in variants.items():
+            published = self.published_by_database()
+            # The workers of every database and their Kafka processes.
+            pids = [pid for db in dbs for pid in Worker(db).pids()]
+            cpu, began = cpu_seconds(pids), time.monotonic()
+            results = self.latency_loads(f"B6 {variant}",
+                                         [(db, "ours", topic, B6["rate"], 1) for db, topic in loads],
+                                         seconds)
+            cores = (cpu_seconds(pids) - cpu) / (time.monotonic() - began)
+            for db in dbs:
+                wait_until(f"B6 {variant}: {db.name} drained",
+                           lambda: db.value(BACKLOG["ours"]) == 0, 60, 0.2)
+            # What each database's worker published meanwhile.
+            published = {name: count - published.get(name, 0)
+                         for name, count in self.published_by_database().items()}
+            for (db, topic), result in zip(loads, results):
+                progress(f"B6 {variant}: {db.name} to {topic}: " + latency_summary(result))
+            self.results["b6"][variant] = {
+                "loads": [(db.name, result) for (db, _), result in zip(loads, results)],
+                "all": percentiles(sorted(x for result in results for x in result["latencies"])) or {},
+                "published": published, "cores": cores}
+            clean()
+
+    def published_by_database(self):
+        """{database: messages its worker published}, for every database
+        that a running worker serves."""
+        return dict(self.db.run("SELECT database, published FROM outbox_worker WHERE pid IS NOT NULL"))
+
     # the report ----------------------------------------------------------------
 
     def report(self):
@@ -892,6 +1005,9 @@ class Bench:
         b5 = self.results.get("b5")
         if b5:
             out += self.b5_report(b5)
+        b6 = self.results.get("b6")
+        if b6 and "together" in b6:
+            out += self.b6_report(b6)
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -983,6 +1099,62 @@ class Bench:
                        back("tuned"), "yes")])
         return out
 
+    @staticmethod
+    def b6_report(b6):
+        apart, together = b6["apart"], b6["together"]
+        n = len(apart["loads"])
+        total = n * B6["rate"]
+        one = together["loads"][0][0]
+        out = ["", f"B6 {n} databases at {B6['rate']:,} msg/s each, beside one database at {total:,} msg/s:"
+                   f" pgbench -R offers {n} loads of {B6['rate']:,} msg/s (B3's script, one message per"
+                   f" transaction), each to a topic of its own, into a database each, then all into {one};"
+                   f" {b6['seconds']} s after {WARMUP:.0f} s of warm-up, each variant having run"
+                   f" {b6['warmup']} s unmeasured before"]
+        kept_up = all(result["kept_up"] for v in (apart, together) for _, result in v["loads"])
+
+        def cells(stats, behind):
+            return ["behind" if behind else f"{stats[stat]:,.1f}" if stat in stats else "-"
+                    for stat in ("p50", "p99", "max")]
+
+        def over_one(stats):
+            return (f"{stats['p99'] / together['all']['p99']:.2f}"
+                    if kept_up and "p99" in stats and "p99" in together["all"] else "")
+
+        def rates(results):
+            return (f"{sum(r['committed'] for r in results):,.0f}"
+                    f" / {sum(r['delivered'] for r in results):,.0f}")
+
+        rows = [("B6", "p50 ms", "p99 ms", "max ms", "committed / delivered msg/s", "workers' CPU, cores",
+                 "p99 / one database's")]
+        for name, result in apart["loads"]:
+            rows.append((f"{n} databases: {name}", *cells(result, not result["kept_up"]), rates([result]), "",
+                         over_one(result)))
+        rows.append((f"{n} databases: all {n} loads", *cells(apart["all"], not kept_up),
+                     rates([r for _, r in apart["loads"]]), f"{apart['cores']:.2f}", over_one(apart["all"])))
+        for i, (_, result) in enumerate(together["loads"], 1):
+            rows.append((f"one database ({one}): load {i}", *cells(result, not result["kept_up"]),
+                         rates([result]), "", ""))
+        rows.append((f"one database ({one}): all {n} loads", *cells(together["all"], not kept_up),
+                     rates([r for _, r in together["loads"]]), f"{together['cores']:.2f}", ""))
+        out += table(rows)
+        if kept_up and "p99" in together["all"] and all("p99" in r for _, r in apart["loads"]):
+            worst, result = max(apart["loads"], key=lambda load: load[1]["p99"])
+            out.append(f"  worst p99 of the {n} databases ({worst}, {result['p99']:,.1f} ms) over one database's"
+                       f" p99 at {total:,} msg/s ({together['all']['p99']:,.1f} ms): "
+                       f"{result['p99'] / together['all']['p99']:.2f}")
+        for variant in (apart, together):
+            for name, result in variant["loads"]:
+                if not result["kept_up"]:
+                    out.append(f"  behind: {name} left {result['backlog']:,} messages unpublished"
+                               f" when the {b6['seconds']} s load ended")
+        out.append("  p50/p99/max: the messages enqueued after the warm-up, receive time minus enqueue"
+                   " time; workers' CPU: every database's worker and its Kafka process, over the loads and"
+                   " their grace; published by each database's worker meanwhile: "
+                   + "; ".join(f"{label}: " + ", ".join(f"{name} {count:,}"
+                                                        for name, count in sorted(v["published"].items()))
+                               for v, label in ((apart, f"{n} databases"), (together, "one database"))))
+        return out
+
 
 def hours(seconds):
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
@@ -1025,6 +1197,9 @@ def main():
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--brokers", required=True)
     parser.add_argument("--pg-bin", required=True)
+    parser.add_argument("--more-databases", type=lambda text: [n for n in text.split(",") if n],
+                        default=[], metavar="NAMES",
+                        help="B6: the other databases with the extension, e.g. bench2,bench3")
     parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run")
     parser.add_argument("--soak", action="store_true",
                         help="add B4, 10 minutes; B5 holds the horizon 30 minutes, not 5")
@@ -1039,9 +1214,12 @@ def main():
     bench.kafka.create_topics(["crm.sync", "coupon.welcome"]
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
-                              + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS])
+                              + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
+                              + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
+                              + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1), "B3": ("B3 latency", bench.b3),
-            "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5)}
+            "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
+            "B6": ("B6 databases", bench.b6)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:
