@@ -51,7 +51,6 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "tcop/tcopprot.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
@@ -634,6 +633,11 @@ outbox_launcher_main(Datum main_arg)
 	databases = hash_create("outbox launcher databases", INITIAL_DATABASES, &ctl,
 							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	adopt_running_publishers();
+	if (outbox_database[0] != '\0')
+		ereport(LOG,
+				(errmsg("outbox launcher: outbox.database is deprecated"),
+				 errhint("Set outbox.databases = '%s' instead, or leave both empty to publish every database that has the extension.",
+						 outbox_database)));
 	if (outbox_max_workers + LAUNCHER_OWN_WORKERS > max_worker_processes)
 		launcher_report_error("outbox.max_workers (%d) and the launcher's own %d need more than max_worker_processes (%d): raise it to at least %d, plus what parallel queries and other extensions use",
 							  outbox_max_workers, LAUNCHER_OWN_WORKERS, max_worker_processes,
