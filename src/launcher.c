@@ -106,6 +106,7 @@ typedef struct KnownDatabase
 	bool		wait_logged;	/* logged that it waits for a slot */
 	bool		announced;		/* said to have the extension since it was
 								 * last found without */
+	bool		probe_failed;	/* reported the last failed probe */
 	int			slot;			/* while SERVED */
 	TimestampTz restart_at;		/* while SERVED, its publisher gone: when the
 								 * next starts */
@@ -242,6 +243,7 @@ scan_databases(void)
 			db->start_failed = false;
 			db->wait_logged = false;
 			db->announced = false;
+			db->probe_failed = false;
 			db->slot = -1;
 			db->restart_at = 0;
 			db->worker = NULL;
@@ -305,11 +307,15 @@ start_probe(KnownDatabase *db)
 						 ObjectIdGetDatum(db->oid), 0);
 	if (probe == NULL)
 	{
-		launcher_report_error("could not start a probe of database \"%s\": no background worker slot is free",
-							  NameStr(db->name));
+		/* once, as a failed start: not every RETRY_PAUSE_MS while it lasts */
+		if (!db->probe_failed)
+			launcher_report_error("could not start a probe of database \"%s\": no background worker slot is free; raise max_worker_processes",
+								  NameStr(db->name));
+		db->probe_failed = true;
 		db->not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RETRY_PAUSE_MS);
 		return;
 	}
+	db->probe_failed = false;
 	probed = db;
 	db->state = DB_PROBING;
 }

@@ -359,6 +359,14 @@ note($small->safe_psql('a', 'SELECT last_error FROM outbox_launcher'));
 ($ret, $out, $err) = $small->psql($short, "SELECT outbox_enqueue('databases.short', 'x'::text)");
 like($err, qr/DETAIL:  It waits for a worker: .* or max_worker_processes has none left/,
 	"an enqueue in $short says it waits for a worker");
+# A database without the extension, created while no background worker is
+# left: its probe cannot start either, and outbox_launcher says what to
+# raise for that too.
+$small->safe_psql('postgres', 'CREATE DATABASE z');
+ok(wait_for_query($small, 'SELECT last_error FROM outbox_launcher',
+		'could not start a probe of database "z": no background worker slot is free; raise max_worker_processes',
+		30, 'a'),
+	'a database that cannot be probed for want of a background worker: last_error says to raise max_worker_processes');
 $small->stop('fast');
 is(worker_exits($small), 0, 'no launcher, worker or probe exited with an error');
 
