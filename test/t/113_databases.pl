@@ -281,6 +281,31 @@ is(join(',', sort map { $_->{value} } @$allowed),
 	join(',', sort('shop 1', 'billing 1', 'billing 2', 'billing 3', map { "$_ 1" } grep { $_ ne 'billing' } @others)),
 	'and what they enqueued meanwhile is delivered');
 
+# The deprecated outbox.database, reloaded, is an allow-list of one.
+$node->safe_psql('postgres', "ALTER SYSTEM SET outbox.database = 'billing'; SELECT pg_reload_conf()");
+ok(wait_for_query($node, 'SELECT string_agg(database, \',\') FROM outbox_worker', 'billing', 30),
+	'outbox.database = billing, reloaded: only the worker of billing stays');
+$err = psql_stderr('shop', "BEGIN; SELECT outbox_enqueue('databases.never', 'x'::text); ROLLBACK;");
+like($err, qr/WARNING:  outbox: no worker publishes the messages of database "shop"\nDETAIL:  outbox.database does not list it./,
+	'an enqueue elsewhere names outbox.database as the reason');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.database; SELECT pg_reload_conf()');
+ok(wait_for_query($node, 'SELECT count(*) FROM outbox_worker', scalar(@others) + 1, 30),
+	'outbox.database reset: every database is served again');
+
+# A served database made a template: its worker leaves, and an enqueue
+# there is warned of; made an ordinary database again, it is served, and
+# what it enqueued meanwhile delivered.
+my $template_topic = unique_topic('databases.template');
+$node->safe_psql('postgres', 'ALTER DATABASE fromtmpl IS_TEMPLATE true');
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_worker WHERE database = 'fromtmpl'", '0', 30),
+	'ALTER DATABASE ... IS_TEMPLATE true: the worker of the database leaves');
+$err = psql_stderr('fromtmpl', "SELECT outbox_enqueue('$template_topic', 'while a template'::text)");
+like($err, qr/WARNING:  outbox: no worker publishes the messages of database "fromtmpl"\nDETAIL:  It is a template database/,
+	'an enqueue in it says it is a template');
+$node->safe_psql('postgres', 'ALTER DATABASE fromtmpl IS_TEMPLATE false');
+is(join(',', map { $_->{value} } @{ consume_topics(topics => [$template_topic], expect => 1, timeout => 60) }),
+	'while a template', 'IS_TEMPLATE false: it is served again, and its message delivered');
+
 $node->stop('fast');
 is(worker_exits($node), 0, 'no launcher, worker or probe exited with an error: each worker that left was asked to');
 
