@@ -18,9 +18,11 @@
  * that drops, renames or copies it (worker_slot.c's holds); back to
  * UNCHECKED once it is none of those.  A database announced by a backend
  * (CREATE EXTENSION outbox, or an enqueue that no publisher serves) goes
- * to WAITING without a probe; a publisher that finds the extension gone
- * sends its database back to NO_EXTENSION.  A publisher that exits for
- * another reason is started again, after a pause.
+ * to WAITING without a probe (or, if one runs in it, once it ends, even
+ * if it found none); a publisher that finds the extension gone sends its
+ * database back to NO_EXTENSION (unless it was announced meanwhile).  A
+ * publisher that exits for another reason is started again, after a
+ * pause.
  *
  * A process connects to one database in its life, so a probe is a
  * short-lived background worker of its own, one at a time, outside the
@@ -269,9 +271,9 @@ scan_databases(void)
 static void
 take_announcements(void)
 {
-	Oid			announced[ANNOUNCED_PER_PASS];
+	Oid			oids[ANNOUNCED_PER_PASS];
 	bool		rescan;
-	int			count = launcher_take_announced(announced, lengthof(announced), &rescan);
+	int			count = launcher_take_announced(oids, lengthof(oids), &rescan);
 	TimestampTz now = GetCurrentTimestamp();
 
 	if (rescan || count > 0 || now >= next_scan_at)
@@ -281,7 +283,7 @@ take_announcements(void)
 	}
 	for (int i = 0; i < count; i++)
 	{
-		KnownDatabase *db = hash_search(databases, &announced[i], HASH_FIND, NULL);
+		KnownDatabase *db = hash_search(databases, &oids[i], HASH_FIND, NULL);
 
 		if (db == NULL)
 			continue;
@@ -320,7 +322,12 @@ start_probe(KnownDatabase *db)
 	db->state = DB_PROBING;
 }
 
-/* Once the probe has gone: what it found moves its database on. */
+/*
+ * Once the probe has gone: what it found moves its database on.  A
+ * database announced while it was probed has the extension even if the
+ * probe found none: it may have read the catalog before CREATE EXTENSION
+ * committed.
+ */
 static void
 finish_probe(KnownDatabase *db)
 {

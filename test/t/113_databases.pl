@@ -21,7 +21,7 @@ use warnings;
 use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(time);
+use Time::HiRes qw(time sleep);
 
 # The first message's deadline, from the commit that makes a database
 # publishable to its record in Kafka (the issue's "within 2 seconds").
@@ -305,6 +305,52 @@ like($err, qr/WARNING:  outbox: no worker publishes the messages of database "fr
 $node->safe_psql('postgres', 'ALTER DATABASE fromtmpl IS_TEMPLATE false');
 is(join(',', map { $_->{value} } @{ consume_topics(topics => [$template_topic], expect => 1, timeout => 60) }),
 	'while a template', 'IS_TEMPLATE false: it is served again, and its message delivered');
+
+# CREATE EXTENSION commits while the launcher's probe of the database,
+# which read the catalog before that commit, is yet to be reaped: the
+# announcement of the extension must not be lost to the probe's stale "no
+# extension".  To make that window as wide as a busy machine may: the
+# probe waits at the database's pg_extension, locked by a session there,
+# until the launcher is stopped (SIGSTOP); then it finds no extension and
+# exits; CREATE EXTENSION commits; the launcher goes on.  (The database is
+# a template, so not probed, until the lock is taken.)
+sub probe_pids
+{
+	my @pids;
+	for my $cmdline (glob '/proc/[0-9]*/cmdline')
+	{
+		open my $fh, '<', $cmdline or next;
+		my $title = <$fh> // '';
+		push @pids, $cmdline =~ m{^/proc/(\d+)/} if $title =~ /^postgres: \Q${\ $node->name }\E: outbox probe/;
+	}
+	return @pids;
+}
+my $launcher = $node->safe_psql('postgres', 'SELECT pid FROM outbox_launcher');
+$node->safe_psql('postgres', 'CREATE DATABASE provisioned IS_TEMPLATE true');
+my $holder = $node->background_psql('provisioned');
+$holder->query_safe('BEGIN; LOCK TABLE pg_catalog.pg_extension IN ACCESS EXCLUSIVE MODE');
+$node->safe_psql('postgres', 'ALTER DATABASE provisioned IS_TEMPLATE false');
+my $held = 0;
+for (my $deadline = time() + 30; !$held && time() < $deadline; sleep(0.1))
+{
+	$held = grep {
+		$node->safe_psql('postgres', "SELECT count(*) FROM pg_locks WHERE pid = $_ AND NOT granted") eq '1'
+	} probe_pids();
+}
+ok($held, 'the probe of the database waits for its catalog');
+kill 'STOP', $launcher or die "cannot stop the launcher: $!";
+eval {
+	$holder->query_safe('COMMIT');
+	my $deadline = time() + 30;
+	sleep(0.05) while probe_pids() && time() < $deadline;
+	is(scalar(probe_pids()), 0, 'it finds no extension there yet, and exits');
+	$node->safe_psql('provisioned', 'CREATE EXTENSION outbox');
+};
+kill 'CONT', $launcher;
+die $@ if $@;
+$holder->quit;
+ok(wait_for_query($node, "SELECT pid IS NOT NULL FROM outbox_worker WHERE database = 'provisioned'", 't', 15),
+	'CREATE EXTENSION committed meanwhile: a worker serves the database');
 
 $node->stop('fast');
 is(worker_exits($node), 0, 'no launcher, worker or probe exited with an error: each worker that left was asked to');
