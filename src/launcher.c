@@ -58,6 +58,7 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
+#include "launcher.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -677,22 +678,35 @@ outbox_launcher_main(Datum main_arg)
 }
 
 /*
+ * Is the extension installed in the database this process is connected
+ * to?  In a transaction of its own; it runs no SQL, it reads the catalog.
+ * Leaves the caller's memory context current.
+ */
+bool
+extension_installed_here(void)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	bool		installed;
+
+	StartTransactionCommand();
+	installed = OidIsValid(get_extension_oid("outbox", true));
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller);
+	return installed;
+}
+
+/*
  * The probe: connect to the database in main_arg, say whether the
- * extension is there, and exit.  It runs no SQL: it reads the catalog.
+ * extension is there, and exit.
  */
 void
 outbox_probe_main(Datum main_arg)
 {
 	Oid			database = DatumGetObjectId(main_arg);
-	bool		has_extension;
 
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
 	pgstat_report_appname("outbox probe");
-
-	StartTransactionCommand();
-	has_extension = OidIsValid(get_extension_oid("outbox", true));
-	CommitTransactionCommand();
-	probe_report(database, has_extension ? PROBE_HAS_EXTENSION : PROBE_NO_EXTENSION);
+	probe_report(database, extension_installed_here() ? PROBE_HAS_EXTENSION : PROBE_NO_EXTENSION);
 	proc_exit(0);
 }

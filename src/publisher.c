@@ -31,6 +31,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "launcher.h"
 #include "pipeline.h"
 #include "segment.h"
 #include "settings.h"
@@ -92,6 +93,14 @@ reclaim_segments_when_due(long *wait_ms)
 	*wait_ms = Min(*wait_ms, TimestampDifferenceMilliseconds(now, reclaim_at));
 }
 
+/* The extension is gone (DROP EXTENSION): say so, and leave the loop. */
+static void
+leave_without_extension(void)
+{
+	worker_report_exit(WORKER_EXIT_NO_EXTENSION);
+	ShutdownRequestPending = true;
+}
+
 /*
  * One pass of the loop: reload the settings if asked, get the producer
  * ready, run a turn of the pipeline, and truncate the drained segments.
@@ -112,14 +121,18 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 		ProcessConfigFile(PGC_SIGHUP);
 	}
 
+	/* while Kafka cannot be reached no turn runs: look for the extension */
 	if (!pipeline_prepare_producer(pipeline, wait_ms))
+	{
+		if (!extension_installed_here())
+			leave_without_extension();
 		return false;
+	}
 
 	result = pipeline_turn(pipeline, &next_retry_ms);
 	if (result == TURN_NO_EXTENSION)
 	{
-		worker_report_exit(WORKER_EXIT_NO_EXTENSION);
-		ShutdownRequestPending = true;
+		leave_without_extension();
 		return false;
 	}
 	reclaim_segments_when_due(wait_ms);

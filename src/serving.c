@@ -96,9 +96,17 @@ database_to_vacate(Node *stmt)
 	if (name == NULL)
 		return InvalidOid;
 
-	/* a role that may not run it must not be able to stop a publisher */
+	/*
+	 * A role that may not run it must not be able to stop a publisher, nor
+	 * may a statement that PostgreSQL refuses anyway: the database this
+	 * session is connected to cannot be dropped, renamed or copied, nor a
+	 * database dropped or created inside a transaction block.
+	 */
 	database = get_database_oid(name, true);
-	if (!OidIsValid(database) || !pg_database_ownercheck(database, GetUserId()))
+	if (!OidIsValid(database) || database == MyDatabaseId ||
+		!pg_database_ownercheck(database, GetUserId()))
+		return InvalidOid;
+	if ((IsA(stmt, DropdbStmt) || IsA(stmt, CreatedbStmt)) && IsTransactionBlock())
 		return InvalidOid;
 	return database;
 }
@@ -256,8 +264,12 @@ serving_warn_if_unserved(void)
 	if (!connectable)
 		warn_unserved("It is a template database, or it does not allow connections: no worker connects to it.",
 					  "Enqueue in a database that is not a template and allows connections.");
+	else if (!settings_database_allowed(name) && settings_database_list_deprecated())
+		warn_unserved("outbox.database does not list it.",
+					  psprintf("outbox.database is deprecated: set outbox.databases to the databases to publish, \"%s\" among them, or leave both empty to publish every database, and reload the configuration.",
+							   name));
 	else if (!settings_database_allowed(name))
-		warn_unserved(psprintf("%s does not list it.", settings_database_list_name()),
+		warn_unserved("outbox.databases does not list it.",
 					  psprintf("Add \"%s\" to outbox.databases, or set it to '' to publish every database, and reload the configuration.",
 							   name));
 	else if (launcher_database_waiting(MyDatabaseId))

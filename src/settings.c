@@ -249,12 +249,14 @@ settings_database_allowed(const char *name)
 	return allowed;
 }
 
-/* The setting that decides which databases are published, for messages. */
-const char *
-settings_database_list_name(void)
+/*
+ * Is it the deprecated outbox.database that decides which databases are
+ * published?  For what messages say.
+ */
+bool
+settings_database_list_deprecated(void)
 {
-	return outbox_databases[0] == '\0' && outbox_database[0] != '\0' ?
-		"outbox.database" : "outbox.databases";
+	return outbox_databases[0] == '\0' && outbox_database[0] != '\0';
 }
 
 /* Trim white space off both ends of s, in place. */

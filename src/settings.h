@@ -36,6 +36,6 @@ extern void settings_init(void);
 extern bool kafka_properties_split(const char *setting, List **properties);
 extern char *settings_scrub_secrets(const char *text, const char *kafka_properties);
 extern bool settings_database_allowed(const char *name);
-extern const char *settings_database_list_name(void);
+extern bool settings_database_list_deprecated(void);
 
 #endif							/* OUTBOX_SETTINGS_H */

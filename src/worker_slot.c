@@ -395,14 +395,18 @@ launcher_request_rescan(void)
 	LWLockRelease(shared->launcher_lock);
 }
 
-/* Is this database waiting for a publisher's slot? */
+/*
+ * Is this database, which no slot serves, waiting for one?  Past the
+ * databases listed, any may be.
+ */
 bool
 launcher_database_waiting(Oid database)
 {
 	LauncherShared *l = &shared->launcher;
-	bool		waiting = false;
+	bool		waiting;
 
 	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	waiting = l->databases_waiting > l->listed_waiting;
 	for (int i = 0; i < l->listed_waiting; i++)
 		waiting |= l->waiting[i] == database;
 	LWLockRelease(shared->launcher_lock);

@@ -211,12 +211,12 @@ sub finish_load
 }
 
 # Commit a backlog of $count messages to $topic in one transaction, over 100
-# keys, and log them in fault_log (see start_load): it keeps the worker busy,
-# so that a fault comes mid-batch.
+# keys, and log them in fault_log (see start_load), in postgres or $db: it
+# keeps the worker busy, so that a fault comes mid-batch.
 sub enqueue_backlog
 {
-	my ($node, $topic, $count) = @_;
-	$node->safe_psql('postgres', qq{
+	my ($node, $topic, $count, $db) = @_;
+	$node->safe_psql($db // 'postgres', qq{
 		BEGIN;
 		SELECT count(outbox_enqueue('$topic', json_build_object('n', i)::jsonb, 'bulk-' || (i % 100)))
 		  FROM generate_series(1, $count) i;

@@ -41,6 +41,16 @@ my $drain_s = backlog_drain_time($node, sub {
 finish_load($load);
 fault_check($node, scenario => $scenario, topics => [$topic], drain_s => $drain_s,
 	excused => { map { ($_ => 1) } split /\n/, $excused });
+
+# While Kafka is out of reach no turn runs, but DROP EXTENSION still ends
+# the worker.
+$node->safe_psql('postgres', "ALTER SYSTEM SET outbox.brokers = '127.0.0.1:1'; SELECT pg_reload_conf()");
+ok(wait_for_query($node, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30),
+	"$scenario: the worker waits for brokers it cannot reach");
+$node->safe_psql('postgres', 'DROP EXTENSION outbox');
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'", '0'),
+	"$scenario: DROP EXTENSION ends the worker all the same");
 $node->stop('fast');
 is(worker_exits($node), 0, "$scenario: the worker never crashed");
 
@@ -50,7 +60,7 @@ $scenario = 'outbox.database created after start';
 my $late = outbox_node('late_database',
 	conf => "outbox.database = 'shop'\noutbox.poll_interval = '1s'");
 my ($ret, $out, $err) = $late->psql('postgres', "SELECT outbox_enqueue('unserved', 'x'::text)");
-like($err, qr/WARNING:  outbox: no worker publishes the messages of database "postgres"\nDETAIL:  outbox.database does not list it./,
+like($err, qr/WARNING:  outbox: no worker publishes the messages of database "postgres"\nDETAIL:  outbox.database does not list it.\nHINT:  outbox.database is deprecated: set outbox.databases to the databases to publish, "postgres" among them, or leave both empty to publish every database, and reload the configuration./,
 	"$scenario: an enqueue where outbox.database does not point says so");
 $late->safe_psql('postgres', 'CREATE DATABASE shop');
 $late->safe_psql('shop', 'CREATE EXTENSION outbox');

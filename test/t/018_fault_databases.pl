@@ -19,22 +19,6 @@ my $node = outbox_node('fault_databases', conf => 'restart_after_crash = on');
 
 my $backlog = 20000;
 
-# Commit a backlog of messages to the topic in the database, in one
-# transaction, and log them in fault_log, as enqueue_backlog() does in
-# postgres (a plain INSERT: an enqueue too, and faster in bulk).
-sub enqueue_backlog_in
-{
-	my ($db, $topic, $count) = @_;
-	$node->safe_psql($db, qq{
-		BEGIN;
-		INSERT INTO outbox_message (topic, key, payload)
-		SELECT '$topic', 'bulk-' || (i % 100), convert_to(json_build_object('n', i)::text, 'UTF8')
-		  FROM generate_series(1, $count) i;
-		INSERT INTO fault_log SELECT id, message_id, topic, key FROM outbox_message WHERE topic = '$topic';
-		COMMIT;
-	});
-}
-
 # Wait until the database's worker is in the middle of the topic's backlog.
 sub wait_until_mid_backlog
 {
@@ -80,7 +64,7 @@ for my $db (qw(shop billing crm))
 my $scenario = 'worker SIGKILL in 1 of 3 databases';
 my @dbs = qw(shop billing crm);
 my ($topics, $load) = start_loads($scenario, \@dbs);
-enqueue_backlog_in('billing', $topics->{billing}[1], $backlog);
+enqueue_backlog($node, $topics->{billing}[1], $backlog, 'billing');
 wait_until_mid_backlog('billing', $topics->{billing}[1], $backlog, $scenario);
 my $before = worker_pids();
 my $pid = $node->safe_psql('postgres', "SELECT pid FROM outbox_worker WHERE database = 'billing'");
@@ -108,7 +92,7 @@ for my $db (@dbs)
 $scenario = 'DROP DATABASE under load';
 ($topics, $load) = start_loads($scenario, \@dbs, crm => 5);
 finish_load($load->{crm});
-enqueue_backlog_in('crm', $topics->{crm}[1], $backlog);
+enqueue_backlog($node, $topics->{crm}[1], $backlog, 'crm');
 wait_until_mid_backlog('crm', $topics->{crm}[1], $backlog, $scenario);
 $before = $node->safe_psql('postgres',
 	"SELECT database, pid FROM outbox_worker WHERE database IN ('shop', 'billing') ORDER BY database");

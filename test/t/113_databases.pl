@@ -179,6 +179,20 @@ for my $attempt (
 }
 is(worker_pid('shop'), $shop_pid, 'and the worker of shop was not disturbed: the same pid');
 
+# Nor do statements that PostgreSQL refuses before they start stop the
+# worker, even a superuser's: DROP or copy inside a transaction block, a
+# rename of the database the session is connected to.
+for my $attempt (
+	[ 'postgres', 'BEGIN; DROP DATABASE shop', qr/cannot run inside a transaction block/ ],
+	[ 'postgres', 'BEGIN; CREATE DATABASE shop2 TEMPLATE shop', qr/cannot run inside a transaction block/ ],
+	[ 'shop', 'ALTER DATABASE shop RENAME TO shop2', qr/current database cannot be renamed/ ])
+{
+	my ($db, $sql, $refusal) = @$attempt;
+	($ret, $out, $err) = $node->psql($db, $sql);
+	like($err, $refusal, "$sql is refused");
+}
+is(worker_pid('shop'), $shop_pid, 'and the worker of shop was not stopped for them: the same pid');
+
 # The owner of a database, no superuser, may drop it: the check is
 # ownership, as DROP DATABASE's own.
 $node->safe_psql('postgres', 'CREATE ROLE alice LOGIN; CREATE DATABASE alices OWNER alice');
