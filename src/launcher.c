@@ -71,9 +71,6 @@
 /* The pause before a failed start or probe is tried again. */
 #define RETRY_PAUSE_MS 5000
 
-/* The most databases announced that one pass of the loop takes. */
-#define ANNOUNCED_PER_PASS 32
-
 /* The background workers the launcher takes besides the budget: itself and a probe. */
 #define LAUNCHER_OWN_WORKERS 2
 
@@ -119,11 +116,14 @@ typedef struct KnownDatabase
 
 static HTAB *databases = NULL;
 
-/* The probe that runs, if any, and the database it is in. */
+/* The probe that runs, if any (its database is in DB_PROBING). */
 static BackgroundWorkerHandle *probe = NULL;
-static KnownDatabase *probed = NULL;
 
 static TimestampTz next_scan_at = 0;
+
+/* The databases backends hold the launcher off, as this pass read them. */
+static Oid	held[LAUNCHER_MAX_HOLDS];
+static int	held_count = 0;
 
 /* Exit code that makes the postmaster start the launcher again. */
 #define EXIT_TO_RESTART 1
@@ -206,9 +206,10 @@ worker_gone(BackgroundWorkerHandle *handle)
 static bool
 eligible(KnownDatabase *db)
 {
-	return db->connectable &&
-		settings_database_allowed(NameStr(db->name)) &&
-		!launcher_database_held(db->oid);
+	for (int i = 0; i < held_count; i++)
+		if (held[i] == db->oid)
+			return false;
+	return db->connectable && settings_database_allowed(NameStr(db->name));
 }
 
 /*
@@ -219,6 +220,7 @@ eligible(KnownDatabase *db)
 static void
 scan_databases(void)
 {
+	MemoryContext caller = CurrentMemoryContext;
 	HASH_SEQ_STATUS seq;
 	KnownDatabase *db;
 	Relation	rel;
@@ -241,16 +243,9 @@ scan_databases(void)
 		db = hash_search(databases, &form->oid, HASH_ENTER, &found);
 		if (!found)
 		{
-			db->state = DB_UNCHECKED;
-			db->not_before = 0;
-			db->start_failed = false;
-			db->wait_logged = false;
-			db->announced = false;
-			db->probe_failed = false;
+			/* all after the key zero: DB_UNCHECKED, nothing asked, no slot */
+			memset((char *) db + sizeof(Oid), 0, sizeof(KnownDatabase) - sizeof(Oid));
 			db->slot = -1;
-			db->restart_at = 0;
-			db->worker = NULL;
-			db->stop_asked = false;
 		}
 		db->name = form->datname;
 		db->connectable = form->datallowconn && !form->datistemplate &&
@@ -261,6 +256,7 @@ scan_databases(void)
 	table_close(rel, AccessShareLock);
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller);
 
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
@@ -268,35 +264,60 @@ scan_databases(void)
 			hash_search(databases, &db->oid, HASH_REMOVE, NULL);
 }
 
-/* Databases announced to have the extension wait for a slot, unprobed. */
+/*
+ * A database announced to have the extension waits for a slot, unprobed;
+ * one being probed, or whose publisher leaves, may be found without it by
+ * a look older than the announcement, which then wins.
+ */
 static void
-take_announcements(void)
+take_announcement(KnownDatabase *db)
 {
-	Oid			oids[ANNOUNCED_PER_PASS];
-	bool		rescan;
-	int			count = launcher_take_announced(oids, lengthof(oids), &rescan);
-	TimestampTz now = GetCurrentTimestamp();
+	if (db->state == DB_UNCHECKED || db->state == DB_NO_EXTENSION)
+	{
+		db->state = DB_WAITING;
+		db->not_before = 0;
+	}
+	else if (db->state == DB_PROBING || db->state == DB_SERVED)
+		db->announced = true;
+}
 
-	if (rescan || count > 0 || now >= next_scan_at)
+/*
+ * Take what backends told: the databases announced, whether pg_database is
+ * to be read again (also when due), the holds.  When announcements were
+ * lost for want of room, every database may have been announced: those
+ * found without the extension are probed again.
+ */
+static void
+take_what_backends_told(void)
+{
+	Oid			announced[LAUNCHER_MAX_ANNOUNCED];
+	bool		rescan;
+	bool		lost;
+	int			count = launcher_take_announced(announced, &rescan, &lost);
+	TimestampTz now = GetCurrentTimestamp();
+	HASH_SEQ_STATUS seq;
+	KnownDatabase *db;
+
+	if (rescan || lost || count > 0 || now >= next_scan_at)
 	{
 		scan_databases();
 		next_scan_at = TimestampTzPlusMilliseconds(now, SCAN_INTERVAL_MS);
 	}
 	for (int i = 0; i < count; i++)
+		if ((db = hash_search(databases, &announced[i], HASH_FIND, NULL)) != NULL)
+			take_announcement(db);
+	if (lost)
 	{
-		KnownDatabase *db = hash_search(databases, &oids[i], HASH_FIND, NULL);
-
-		if (db == NULL)
-			continue;
-		if (db->state == DB_UNCHECKED || db->state == DB_NO_EXTENSION)
+		hash_seq_init(&seq, databases);
+		while ((db = hash_seq_search(&seq)) != NULL)
 		{
-			db->state = DB_WAITING;
-			db->not_before = 0;
+			if (db->state == DB_NO_EXTENSION)
+				db->state = DB_UNCHECKED;
+			else if (db->state == DB_PROBING || db->state == DB_SERVED)
+				db->announced = true;
 		}
-		else if (db->state == DB_PROBING || db->state == DB_SERVED)
-			db->announced = true;	/* what the probe or the publisher finds
-									 * may be older than the announcement */
 	}
+	held_count = launcher_read_holds(held);
 }
 
 /* Start the probe in this database, if none runs. */
@@ -319,7 +340,6 @@ start_probe(KnownDatabase *db)
 		return;
 	}
 	db->probe_failed = false;
-	probed = db;
 	db->state = DB_PROBING;
 }
 
@@ -338,7 +358,6 @@ finish_probe(KnownDatabase *db)
 		return;
 	pfree(probe);
 	probe = NULL;
-	probed = NULL;
 	announced = db->announced;
 	db->announced = false;
 	switch (launcher_end_probe())
@@ -618,10 +637,7 @@ launch_once(void)
 	HASH_SEQ_STATUS seq;
 	KnownDatabase *db;
 
-	take_announcements();
-	if (probe != NULL)
-		finish_probe(probed);
-
+	take_what_backends_told();
 	hash_seq_init(&seq, databases);
 	while ((db = hash_seq_search(&seq)) != NULL)
 		manage_database(db);

@@ -227,13 +227,12 @@ serving_announce_unserved(void)
 
 /* Raise the WARNING about this database's unserved outbox, with its reason. */
 static void
-warn_unserved(const char *detail, const char *hint)
+warn_unserved(const char *name, const char *detail, const char *hint)
 {
 	unserved_warned = true;
 	ereport(WARNING,
 			(errcode(ERRCODE_WARNING),
-			 errmsg("outbox: no worker publishes the messages of database \"%s\"",
-					get_database_name(MyDatabaseId)),
+			 errmsg("outbox: no worker publishes the messages of database \"%s\"", name),
 			 errdetail_internal("%s", detail),
 			 errhint("%s", hint)));
 }
@@ -262,18 +261,18 @@ serving_warn_if_unserved(void)
 	name = get_database_name(MyDatabaseId);
 
 	if (!connectable)
-		warn_unserved("It is a template database, or it does not allow connections: no worker connects to it.",
+		warn_unserved(name, "It is a template database, or it does not allow connections: no worker connects to it.",
 					  "Enqueue in a database that is not a template and allows connections.");
 	else if (!settings_database_allowed(name) && settings_database_list_deprecated())
-		warn_unserved("outbox.database does not list it.",
+		warn_unserved(name, "outbox.database does not list it.",
 					  psprintf("outbox.database is deprecated: set outbox.databases to the databases to publish, \"%s\" among them, or leave both empty to publish every database, and reload the configuration.",
 							   name));
 	else if (!settings_database_allowed(name))
-		warn_unserved("outbox.databases does not list it.",
+		warn_unserved(name, "outbox.databases does not list it.",
 					  psprintf("Add \"%s\" to outbox.databases, or set it to '' to publish every database, and reload the configuration.",
 							   name));
 	else if (launcher_database_waiting(MyDatabaseId))
-		warn_unserved(psprintf("It waits for a worker: the %d of outbox.max_workers serve other databases, or max_worker_processes has none left (outbox_launcher says which).",
+		warn_unserved(name, psprintf("It waits for a worker: the %d of outbox.max_workers serve other databases, or max_worker_processes has none left (outbox_launcher says which).",
 							   outbox_max_workers),
 					  "Raise outbox.max_workers, within max_worker_processes, and restart the server; or drop the extension where it is not used.");
 }

@@ -101,12 +101,6 @@ atomic_lower(pg_atomic_uint64 *v, uint64 x)
 		;
 }
 
-/* Databases announced to the launcher and not yet taken by it. */
-#define MAX_ANNOUNCED 32
-
-/* Databases a backend holds the launcher off while it drops, renames... */
-#define MAX_HOLDS 16
-
 typedef struct DatabaseHold
 {
 	Oid			database;
@@ -119,9 +113,10 @@ typedef struct LauncherShared
 	Latch	   *latch;
 	TimestampTz started_at;
 	int			announced_count;
-	Oid			announced[MAX_ANNOUNCED];
-	bool		rescan_requested;	/* set also when announced overflowed */
-	DatabaseHold holds[MAX_HOLDS];
+	Oid			announced[LAUNCHER_MAX_ANNOUNCED];
+	bool		announcements_lost; /* announced overflowed */
+	bool		rescan_requested;
+	DatabaseHold holds[LAUNCHER_MAX_HOLDS];
 	Oid			probe_database;
 	ProbeResult probe_result;
 	int			databases_waiting;
@@ -270,6 +265,16 @@ wake(OutboxWorkerSlot *slot)
 		SetLatch(latch);
 }
 
+/* The slot handed out for this database, or NULL if none is. */
+static OutboxWorkerSlot *
+slot_of_database(Oid database)
+{
+	for (int i = 0; i < shared->slot_count; i++)
+		if (slot_database(&shared->slots[i]) == database)
+			return &shared->slots[i];
+	return NULL;
+}
+
 /*
  * Wake the publisher of this database.  Returns false if no slot is handed
  * out for it: no publisher serves it, nor is about to.
@@ -277,27 +282,18 @@ wake(OutboxWorkerSlot *slot)
 bool
 worker_wake_publisher(Oid database)
 {
-	for (int i = 0; i < shared->slot_count; i++)
-	{
-		OutboxWorkerSlot *slot = &shared->slots[i];
+	OutboxWorkerSlot *slot = slot_of_database(database);
 
-		if (slot_database(slot) == database)
-		{
-			wake(slot);
-			return true;
-		}
-	}
-	return false;
+	if (slot)
+		wake(slot);
+	return slot != NULL;
 }
 
 /* Is a slot handed out for this database: does a publisher serve it? */
 bool
 worker_database_served(Oid database)
 {
-	for (int i = 0; i < shared->slot_count; i++)
-		if (slot_database(&shared->slots[i]) == database)
-			return true;
-	return false;
+	return slot_of_database(database) != NULL;
 }
 
 /*
@@ -310,14 +306,11 @@ worker_database_served(Oid database)
 void
 worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
 {
-	for (int i = 0; i < shared->slot_count; i++)
-	{
-		OutboxWorkerSlot *slot = &shared->slots[i];
+	OutboxWorkerSlot *slot = slot_of_database(database);
 
-		if (slot_database(slot) == database)
-			atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
-						 encode_id(lowest));
-	}
+	if (slot)
+		atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
+					 encode_id(lowest));
 }
 
 /* Ask every publisher's producer to fail fatally during its next batch. */
@@ -377,10 +370,10 @@ launcher_announce_database(Oid database)
 		known |= l->announced[i] == database;
 	if (known)
 		;
-	else if (l->announced_count < MAX_ANNOUNCED)
+	else if (l->announced_count < LAUNCHER_MAX_ANNOUNCED)
 		l->announced[l->announced_count++] = database;
 	else
-		l->rescan_requested = true;
+		l->announcements_lost = true;
 	wake_launcher_locked();
 	LWLockRelease(shared->launcher_lock);
 }
@@ -425,7 +418,7 @@ launcher_hold_database(Oid database)
 	bool		held = false;
 
 	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < MAX_HOLDS && !held; i++)
+	for (int i = 0; i < LAUNCHER_MAX_HOLDS && !held; i++)
 	{
 		if (l->holds[i].pid != 0)
 			continue;
@@ -445,7 +438,7 @@ launcher_release_database(Oid database)
 	LauncherShared *l = &shared->launcher;
 
 	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < MAX_HOLDS; i++)
+	for (int i = 0; i < LAUNCHER_MAX_HOLDS; i++)
 		if (l->holds[i].pid == MyProcPid && l->holds[i].database == database)
 			l->holds[i].pid = 0;
 	l->rescan_requested = true;
@@ -478,39 +471,43 @@ launcher_attach(void)
 }
 
 /*
- * Take the databases announced since the last call, at most max of them;
- * *rescan says whether every database is to be looked at again.
+ * Take the databases announced since the last call, into databases
+ * (LAUNCHER_MAX_ANNOUNCED of them at most), and returns how many.  *rescan
+ * says whether pg_database is to be read again; *lost, whether some
+ * announcements found no room, so that any database may have been
+ * announced.
  */
 int
-launcher_take_announced(Oid *databases, int max, bool *rescan)
+launcher_take_announced(Oid *databases, bool *rescan, bool *lost)
 {
 	LauncherShared *l = &shared->launcher;
 	int			count;
 
 	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	count = Min(l->announced_count, max);
+	count = l->announced_count;
 	memcpy(databases, l->announced, count * sizeof(Oid));
-	if (count < l->announced_count)
-		l->rescan_requested = true;
 	l->announced_count = 0;
 	*rescan = l->rescan_requested;
+	*lost = l->announcements_lost;
 	l->rescan_requested = false;
+	l->announcements_lost = false;
 	LWLockRelease(shared->launcher_lock);
 	return count;
 }
 
 /*
- * Does a live backend hold the launcher off this database?  Holds of
+ * The databases that live backends hold the launcher off, into databases
+ * (LAUNCHER_MAX_HOLDS of them at most); returns how many.  Holds of
  * backends that exited without releasing them go.
  */
-bool
-launcher_database_held(Oid database)
+int
+launcher_read_holds(Oid *databases)
 {
 	LauncherShared *l = &shared->launcher;
-	bool		held = false;
+	int			count = 0;
 
 	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < MAX_HOLDS; i++)
+	for (int i = 0; i < LAUNCHER_MAX_HOLDS; i++)
 	{
 		DatabaseHold *hold = &l->holds[i];
 
@@ -519,10 +516,10 @@ launcher_database_held(Oid database)
 		if (BackendPidGetProc(hold->pid) == NULL)
 			hold->pid = 0;
 		else
-			held |= hold->database == database;
+			databases[count++] = hold->database;
 	}
 	LWLockRelease(shared->launcher_lock);
-	return held;
+	return count;
 }
 
 /* Say which databases wait for a slot (all of them counted, some listed). */

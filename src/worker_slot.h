@@ -59,6 +59,12 @@ typedef struct WorkerStatus
 	uint64		dead_lettered;
 } WorkerStatus;
 
+/* The most databases announced to the launcher between two of its passes. */
+#define LAUNCHER_MAX_ANNOUNCED 32
+
+/* The most databases backends hold the launcher off at once (drop, rename...). */
+#define LAUNCHER_MAX_HOLDS 16
+
 /* The most databases the launcher lists as waiting for a slot. */
 #define LAUNCHER_MAX_LISTED_WAITING 64
 
@@ -94,8 +100,8 @@ extern void launcher_release_database(Oid database);
 
 /* In the launcher, about itself and the slots it hands out. */
 extern void launcher_attach(void);
-extern int	launcher_take_announced(Oid *databases, int max, bool *rescan);
-extern bool launcher_database_held(Oid database);
+extern int	launcher_take_announced(Oid *databases, bool *rescan, bool *lost);
+extern int	launcher_read_holds(Oid *databases);
 extern void launcher_publish_waiting(const Oid *databases, int count);
 extern void launcher_report_error(const char *fmt,...) pg_attribute_printf(1, 2);
 extern void launcher_begin_probe(Oid database);
