@@ -20,6 +20,7 @@ OBJS = \
 	src/serving.o \
 	src/status.o \
 	src/settings.o \
+	src/standby_slots.o \
 	src/worker_slot.o
 
 # librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c),

@@ -680,11 +680,7 @@ outbox_launcher_main(Datum main_arg)
 		MemoryContextSwitchTo(loop_context);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
+		(void) settings_reload_if_asked();
 		launch_once();
 		MemoryContextReset(loop_context);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

@@ -18,7 +18,11 @@
  * the claimed batch is produced before the commit; a partial one (one that
  * neither outbox.batch_size nor outbox.max_batch_bytes cut short) is also
  * settled in that transaction, which spares a second transaction per wake
- * when messages come a few at a time.
+ * when messages come a few at a time.  Not so under
+ * outbox.synchronized_standby_slots: then every batch is produced after the
+ * commit, once the standbys have flushed it (standby_slots.c), a wait that
+ * holds no transaction open.  Its position is the later of the insert
+ * position read right after the claim and the end of the turn's commit.
  *
  * A claimed batch is produced only if the batch settled before it went
  * through whole: a message to retry holds back the later messages of its
@@ -36,6 +40,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "executor/spi.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
@@ -46,6 +51,7 @@
 #include "pipeline.h"
 #include "producer.h"
 #include "settings.h"
+#include "standby_slots.h"
 #include "store.h"
 #include "worker_slot.h"
 
@@ -72,6 +78,7 @@ typedef struct Batch
 	OutboxMessage *messages;
 	int			count;
 	bool		full;			/* claimed up to a limit: more may wait */
+	XLogRecPtr	claimed_lsn;	/* after every commit the claim saw */
 	bool		settled_whole;	/* every message delivered or dead-lettered */
 } Batch;
 
@@ -248,6 +255,12 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 									 outbox_batch_size, (int64) outbox_max_batch_kb * 1024,
 									 in_flight ? in_flight->messages : NULL,
 									 in_flight ? in_flight->count : 0);
+
+	/*
+	 * Each transaction the claim's snapshot saw had inserted its commit
+	 * record before the snapshot was taken.
+	 */
+	batch->claimed_lsn = GetXLogInsertRecPtr();
 	MemoryContextSwitchTo(caller);
 	if (batch->count > 0)
 		batch->state = BATCH_CLAIMED;
@@ -449,7 +462,7 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry
 
 	if (in_flight)
 		settle_batch(p, in_flight, extension);
-	else if (produce_batch(p, next) && !next->full)
+	else if (!standby_wait_required() && produce_batch(p, next) && !next->full)
 		settle_batch(p, next, extension);
 
 	if (OidIsValid(extension) &&
@@ -460,20 +473,24 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry
 
 /*
  * The half of a turn after the commit: the settled batches go, and the
- * claimed batch, if the one before it went through whole, is produced.
- * Returns whether a claimed batch was left unproduced: its rows wait.
+ * claimed batch, if the one before it went through whole, is produced, once
+ * the standbys have flushed it.  The end of the commit, which the claim's
+ * row locks made write WAL, covers the batch settled in it too.  Returns
+ * whether a claimed batch was left unproduced: its rows wait.
  */
 static bool
 turn_after_commit(Pipeline *p, Batch *next, Batch *settled)
 {
+	bool		may_produce = true;
+
 	if (settled)
 	{
-		bool		whole = settled->settled_whole;
-
+		may_produce = settled->settled_whole;
 		empty_batch(settled);
-		if (whole)
-			(void) produce_batch(p, next);
 	}
+	if (next->state == BATCH_CLAIMED && may_produce &&
+		standby_wait_for_flush(Max(next->claimed_lsn, XactLastCommitEnd)))
+		(void) produce_batch(p, next);
 	if (next->state == BATCH_SETTLED)
 		empty_batch(next);
 	if (next->state != BATCH_CLAIMED)

@@ -115,11 +115,7 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 	*wait_ms = outbox_poll_interval;
 	ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
-	if (ConfigReloadPending)
-	{
-		ConfigReloadPending = false;
-		ProcessConfigFile(PGC_SIGHUP);
-	}
+	(void) settings_reload_if_asked();
 
 	/* while Kafka cannot be reached no turn runs: look for the extension */
 	if (!pipeline_prepare_producer(pipeline, wait_ms))

@@ -26,6 +26,7 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
@@ -100,8 +101,11 @@ database_to_vacate(Node *stmt)
 	 * A role that may not run it must not be able to stop a publisher, nor
 	 * may a statement that PostgreSQL refuses anyway: the database this
 	 * session is connected to cannot be dropped, renamed or copied, nor a
-	 * database dropped or created inside a transaction block.
+	 * database dropped or created inside a transaction block, nor anything
+	 * done to one on a standby, where no publisher runs.
 	 */
+	if (RecoveryInProgress())
+		return InvalidOid;
 	database = get_database_oid(name, true);
 	if (!OidIsValid(database) || database == MyDatabaseId ||
 		!pg_database_ownercheck(database, GetUserId()))

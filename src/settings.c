@@ -14,6 +14,8 @@
 
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "postmaster/interrupt.h"
+#include "replication/slot.h"
 #include "utils/builtins.h"
 #include "utils/elog.h"
 #include "utils/guc.h"
@@ -26,6 +28,7 @@ char	   *outbox_brokers = NULL;
 char	   *outbox_databases = NULL;
 char	   *outbox_database = NULL;
 char	   *outbox_kafka_properties = NULL;
+char	   *outbox_synchronized_standby_slots = NULL;
 /* The defaults of the numeric settings. */
 #define DEFAULT_BATCH_SIZE 1000
 #define DEFAULT_MAX_BATCH_KB (16 * 1024)
@@ -68,6 +71,7 @@ static emit_log_hook_type prev_emit_log_hook = NULL;
 static void define_settings(void);
 static bool check_kafka_properties(char **newval, void **extra, GucSource source);
 static bool check_database_list(char **newval, void **extra, GucSource source);
+static bool check_standby_slot_list(char **newval, void **extra, GucSource source);
 static const char *show_kafka_properties(void);
 static void hide_kafka_properties_in_log(ErrorData *edata);
 
@@ -205,6 +209,21 @@ define_settings(void)
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	/*
+	 * In the spirit of PostgreSQL 17's synchronized_standby_slots, for the
+	 * publisher: see standby_slots.c.  The slots are not looked up here: the
+	 * postmaster, which checks a reload, cannot, and a slot may be created
+	 * after the setting; a missing one is the worker's to report.
+	 */
+	DefineCustomStringVariable("outbox.synchronized_standby_slots",
+							   "Physical replication slots whose standbys must have flushed a batch's transactions before the worker publishes it.",
+							   "A comma-separated list of slot names; empty publishes without waiting for any standby. "
+							   "While a listed slot's standby is down, or the slot is missing, logical or invalidated, nothing is published.",
+							   &outbox_synchronized_standby_slots,
+							   "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   check_standby_slot_list, NULL, NULL);
+
 	MarkGUCPrefixReserved("outbox");
 }
 
@@ -221,6 +240,68 @@ check_database_list(char **newval, void **extra, GucSource source)
 	list_free(names);
 	pfree(copy);
 	return ok;
+}
+
+/*
+ * outbox.synchronized_standby_slots must be a list of replication slot
+ * names.  ReplicationSlotValidateName() says why a name is not one only at
+ * the level given, and an ERROR would escape a check hook: so it says it at
+ * DEBUG1, and the detail here.
+ */
+static bool
+check_standby_slot_list(char **newval, void **extra, GucSource source)
+{
+	char	   *copy = pstrdup(*newval);
+	List	   *names;
+	ListCell   *lc;
+	bool		ok = SplitIdentifierString(copy, ',', &names);
+
+	if (!ok)
+		GUC_check_errdetail("List syntax is invalid.");
+	else
+		foreach(lc, names)
+		{
+			const char *name = lfirst(lc);
+
+			if (ReplicationSlotValidateName(name, DEBUG1))
+				continue;
+			GUC_check_errdetail("\"%s\" is not a replication slot name: one is 1 to %d lower-case letters, digits and underscores.",
+								name, NAMEDATALEN - 1);
+			ok = false;
+			break;
+		}
+	list_free(names);
+	pfree(copy);
+	return ok;
+}
+
+/*
+ * The slots of outbox.synchronized_standby_slots, NIL when it is empty:
+ * the names point into a copy of the setting, both in the current memory
+ * context.
+ */
+List *
+settings_standby_slot_names(void)
+{
+	List	   *names;
+
+	if (!SplitIdentifierString(pstrdup(outbox_synchronized_standby_slots), ',', &names))
+		elog(ERROR, "outbox.synchronized_standby_slots is not a list of names");	/* checked at SET */
+	return names;
+}
+
+/*
+ * Reload the configuration file if a SIGHUP asked for it, as the
+ * extension's workers do between two waits; returns whether it did.
+ */
+bool
+settings_reload_if_asked(void)
+{
+	if (!ConfigReloadPending)
+		return false;
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
+	return true;
 }
 
 /*

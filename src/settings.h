@@ -15,6 +15,7 @@ extern char *outbox_brokers;
 extern char *outbox_databases;
 extern char *outbox_database;
 extern char *outbox_kafka_properties;
+extern char *outbox_synchronized_standby_slots;
 extern int	outbox_batch_size;
 extern int	outbox_max_batch_kb;
 extern int	outbox_retry_backoff_base;
@@ -37,5 +38,7 @@ extern bool kafka_properties_split(const char *setting, List **properties);
 extern char *settings_scrub_secrets(const char *text, const char *kafka_properties);
 extern bool settings_database_allowed(const char *name);
 extern bool settings_database_list_deprecated(void);
+extern List *settings_standby_slot_names(void);
+extern bool settings_reload_if_asked(void);
 
 #endif							/* OUTBOX_SETTINGS_H */

@@ -144,6 +144,7 @@ static const char *const state_names[] = {
 	[WORKER_STOPPED] = "stopped",
 	[WORKER_STARTING] = "starting",
 	[WORKER_WAITING_FOR_BROKERS] = "waiting for brokers",
+	[WORKER_WAITING_FOR_STANDBY] = "waiting for standby",
 	[WORKER_IDLE] = "idle",
 	[WORKER_PUBLISHING] = "publishing",
 };
@@ -777,7 +778,6 @@ void
 worker_report_error(int elevel, const char *fmt,...)
 {
 	char		message[WORKER_LAST_ERROR_LEN];
-	TimestampTz now = GetCurrentTimestamp();
 	va_list		args;
 
 	Assert(elevel < ERROR);
@@ -786,9 +786,20 @@ worker_report_error(int elevel, const char *fmt,...)
 	va_end(args);
 
 	ereport(elevel, (errmsg("outbox: %s", message)));
+	worker_record_error(message);
+}
+
+/*
+ * Put a message into outbox_worker's last_error, for an error that the
+ * caller has reported to the log itself (with an errcode and a hint, say).
+ */
+void
+worker_record_error(const char *message)
+{
+	TimestampTz now = GetCurrentTimestamp();
 
 	SpinLockAcquire(&my_slot->mutex);
-	memcpy(my_slot->last_error, message, sizeof(message));
+	strlcpy(my_slot->last_error, message, WORKER_LAST_ERROR_LEN);
 	my_slot->last_error_at = now;
 	SpinLockRelease(&my_slot->mutex);
 }

@@ -19,6 +19,7 @@ typedef enum OutboxWorkerState
 	WORKER_STOPPED = 0,
 	WORKER_STARTING,
 	WORKER_WAITING_FOR_BROKERS,
+	WORKER_WAITING_FOR_STANDBY, /* outbox.synchronized_standby_slots */
 	WORKER_IDLE,
 	WORKER_PUBLISHING
 } OutboxWorkerState;
@@ -121,6 +122,7 @@ extern void worker_report_state(OutboxWorkerState state);
 extern void worker_report_brokers_reachable(bool reachable);
 extern bool worker_brokers_known_reachable(void);
 extern void worker_report_error(int elevel, const char *fmt,...) pg_attribute_printf(2, 3);
+extern void worker_record_error(const char *message);
 extern void worker_count_outcomes(uint64 published, uint64 retries_scheduled,
 								  uint64 dead_lettered);
 extern bool worker_take_fatal_error_drill(void);

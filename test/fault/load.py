@@ -5,12 +5,17 @@
 # the load spans the fault.
 #
 #   load.py --dsn DSN --topic T [--topic T2 ...] [--clients 8] [--rate 200]
-#           [--duration 30] [--keys 50] [--rollback 0.1]
+#           [--duration 30] [--keys 50] [--rollback 0.1] [--acknowledged FILE]
 #
 # Each transaction enqueues one message and, in the same transaction, copies
 # its id, message_id and key into fault_log (which must exist).  So fault_log
 # holds exactly the committed messages, whatever happened to the connection
-# during COMMIT; the checker compares Kafka with it.
+# during COMMIT; the checker compares Kafka with it.  A server that fails
+# over loses fault_log with the rest of what it lost: with --acknowledged,
+# each message whose COMMIT returned to the application is also appended to
+# FILE, as the line "message_id<TAB>topic<TAB>key", as soon as it returns.
+# A DSN that lists several hosts, with target_session_attrs=read-write,
+# follows a failover to the promoted standby.
 #
 # Prints one line at the end: "transactions N committed N rolled_back N errors N".
 # /usr/bin/python3 on purpose: psycopg2 comes from Debian's python3-psycopg2.
@@ -26,10 +31,11 @@ ENQUEUE = "SELECT outbox_enqueue(%s, %s::jsonb, %s)"
 LOG = """
     INSERT INTO fault_log (id, message_id, topic, key)
     SELECT id, message_id, topic, key FROM outbox_message WHERE id = %s
+    RETURNING message_id, topic, key
 """
 
 
-def session(args, number, end, totals, lock):
+def session(args, number, end, totals, lock, acknowledged):
     rng = random.Random(number)
     interval = args.clients / args.rate
     next_at = time.monotonic() + rng.random() * interval
@@ -47,6 +53,7 @@ def session(args, number, end, totals, lock):
             with conn.cursor() as cur:
                 cur.execute(ENQUEUE, (topic, payload, key))
                 cur.execute(LOG, cur.fetchone())
+                logged = cur.fetchone()
             counts["transactions"] += 1
             if rng.random() < args.rollback:
                 conn.rollback()
@@ -54,6 +61,10 @@ def session(args, number, end, totals, lock):
             else:
                 conn.commit()
                 counts["committed"] += 1
+                if acknowledged is not None:
+                    with lock:
+                        acknowledged.write("%s\t%s\t%s\n" % logged)
+                        acknowledged.flush()
         except psycopg2.Error:
             # the server went away, or the extension did: start afresh
             counts["errors"] += 1
@@ -81,12 +92,14 @@ def main():
     parser.add_argument("--duration", type=float, default=30)
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--rollback", type=float, default=0.1)
+    parser.add_argument("--acknowledged", help="file to append each acknowledged message to")
     args = parser.parse_args()
+    acknowledged = open(args.acknowledged, "a") if args.acknowledged else None
 
     end = time.monotonic() + args.duration
     totals = {"transactions": 0, "committed": 0, "rolled_back": 0, "errors": 0}
     lock = threading.Lock()
-    threads = [threading.Thread(target=session, args=(args, i, end, totals, lock))
+    threads = [threading.Thread(target=session, args=(args, i, end, totals, lock, acknowledged))
                for i in range(args.clients)]
     for t in threads:
         t.start()

@@ -34,12 +34,13 @@ sub brokers
 
 # A started cluster with outbox preloaded, its workers pointed at the test
 # broker, and (unless told otherwise) the extension created in postgres.
+# init holds options for PostgreSQL::Test::Cluster's init (allows_streaming).
 sub outbox_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 
-	$node->init;
+	$node->init(%{ $opts{init} // {} });
 	$node->append_conf('postgresql.conf', join("\n",
 		"shared_preload_libraries = 'outbox'",
 		"outbox.brokers = '" . brokers() . "'",
@@ -186,17 +187,20 @@ sub check_delivery
 
 # Start the fault tests' steady load (test/fault/load.py) on the node: 8
 # sessions by default, one transaction in ten rolled back; each committed
-# message is also logged in fault_log, which this creates.
+# message is also logged in fault_log, which this creates.  dsn replaces
+# the node's own (to follow a failover); acknowledged names a file that
+# receives each message whose COMMIT returned (see load.py).
 sub start_load
 {
 	my ($node, %args) = @_;
 	my $db = $args{db} // 'postgres';
 	$node->safe_psql($db,
 		'CREATE TABLE IF NOT EXISTS fault_log (id bigint, message_id uuid, topic text, key text)');
-	my @cmd = ('/usr/bin/python3', "$fault_dir/load.py", '--dsn', $node->connstr($db),
+	my @cmd = ('/usr/bin/python3', "$fault_dir/load.py", '--dsn', $args{dsn} // $node->connstr($db),
 		'--clients', $args{clients} // 8, '--rate', $args{rate} // 200,
 		'--duration', $args{duration} // 30);
 	push @cmd, map { ('--topic', $_) } @{ $args{topics} };
+	push @cmd, '--acknowledged', $args{acknowledged} if $args{acknowledged};
 	my $out = '';
 	my $handle = IPC::Run::start(\@cmd, '<', \undef, '>', \$out, '2>', \$out);
 	return { handle => $handle, out => \$out };
@@ -240,12 +244,32 @@ sub backlog_drain_time
 	return time() - $t0;
 }
 
+# The messages load.py acknowledged to the application (its acknowledged
+# file), as message_id => [topic, key].
+sub acknowledged_messages
+{
+	my ($file) = @_;
+	return {} unless -e $file;
+	return { map { my ($mid, $topic, $key) = split /\t/; ($mid => [ $topic, $key ]) }
+		  split /\n/, PostgreSQL::Test::Utils::slurp_file($file) };
+}
+
 # The fault suite's verdict on one scenario: wait until the outbox is empty,
 # then compare all of Kafka's records on the topics (read until nothing more
 # comes, since duplicates may make them more than committed) with fault_log (what the
 # database committed) and outbox_dead_letter.  Checks lost = 0, phantom = 0
 # and order faults = 0, reports duplicates, and appends a row to the
 # suite's report (tmp_check/fault_report.txt).
+#
+# After a failover $node is the promoted standby, and its fault_log what it
+# has of the old primary's commits.  acknowledged (a file of start_load's)
+# is what the application was told had committed: the acknowledged messages
+# $node lacks (lost by the failover, before any publishing) are counted,
+# and must be none unless acknowledged_may_be_lost.  phantoms_expected says
+# that $node lacks transactions whose messages were published (asynchronous
+# replication without outbox.synchronized_standby_slots): their number is
+# reported, not checked, and so are the duplicates of the messages published
+# whose deletes $node lacks.
 sub fault_check
 {
 	my ($node, %args) = @_;
@@ -266,7 +290,7 @@ sub fault_check
 
 	my $excused = $args{excused} // {};
 	my $records = [ grep { !$excused->{ message_id_header($_) // '' } }
-		  @{ consume_topics(topics => $args{topics}, idle => 5, timeout => 180) } ];
+		  @{ consume_topics(topics => $args{topics}, idle => $args{idle} // 5, timeout => 180) } ];
 	my $result = check_delivery($records, \%expected);
 	my $row = sprintf("%-44s %9d %5d %7d %12d %10d %8.1f",
 		$scenario, scalar(keys %committed), $result->{lost}, $result->{phantom},
@@ -276,8 +300,22 @@ sub fault_check
 
 	cmp_ok(scalar(keys %committed), '>', 0, "$scenario: messages were committed under load");
 	is($result->{lost}, 0, "$scenario: nothing lost");
-	is($result->{phantom}, 0, "$scenario: nothing phantom");
 	is($result->{order_faults}, 0, "$scenario: per-key order kept");
+	if ($args{acknowledged})
+	{
+		my %wanted = map { ($_ => 1) } @{ $args{topics} };
+		my $acknowledged = acknowledged_messages($args{acknowledged});
+		my @acknowledged = grep { $wanted{ $acknowledged->{$_}[0] } } keys %$acknowledged;
+		$result->{acknowledged} = scalar(@acknowledged);
+		$result->{acknowledged_lost} = grep { !exists $committed{$_} } @acknowledged;
+		diag("$scenario: $result->{acknowledged} acknowledged to the application, "
+			  . "$result->{acknowledged_lost} of them missing after the failover");
+		cmp_ok($result->{acknowledged}, '>', 0, "$scenario: messages were acknowledged");
+		is($result->{acknowledged_lost}, 0, "$scenario: every acknowledged message survives the failover")
+		  unless $args{acknowledged_may_be_lost};
+	}
+	return $result if $args{phantoms_expected};
+	is($result->{phantom}, 0, "$scenario: nothing phantom");
 	cmp_ok($result->{duplicates}, '<=', ($args{crashes} // 0) * 1000,
 		"$scenario: duplicates within one batch per crash");
 	return $result;

@@ -33,3 +33,18 @@ SELECT format('ALTER SYSTEM SET outbox.max_batch_bytes = %L', value)
   FROM unnest(ARRAY['1kB', '1GB', '4096']) AS value \gexec
 SET outbox.max_batch_bytes = '1MB';
 ALTER SYSTEM RESET outbox.max_batch_bytes;
+
+-- outbox.synchronized_standby_slots: a list of replication slot names
+-- (lower-case letters, digits and underscores; a longer name is truncated to
+-- 63 characters, as identifiers are); applied at reload.  Whether the slots
+-- exist, and are physical, is the worker's to say: the check cannot look
+-- (it also runs in the postmaster), and a slot may be made later.
+SHOW outbox.synchronized_standby_slots;
+SELECT format('ALTER SYSTEM SET outbox.synchronized_standby_slots = %L', value)
+  FROM unnest(ARRAY['"Standby"', 'standby-1', 'standby_1,,standby_2', '"standby_1',
+                    'standby_1, "a b"']) AS value \gexec
+SELECT format('ALTER SYSTEM SET outbox.synchronized_standby_slots = %L', value)
+  FROM unnest(ARRAY['standby_1', ' standby_1 , Standby_2 ', 'no_such_slot',
+                    repeat('s', 70), '']) AS value \gexec
+SET outbox.synchronized_standby_slots = 'standby_1';
+ALTER SYSTEM RESET outbox.synchronized_standby_slots;
