@@ -1,9 +1,13 @@
 #!/usr/bin/python3
 # Topic administration for the tests.
-#   admin.py --brokers B create-topic NAME [--partitions N] [--config k=v ...] [--if-not-exists]
+#   admin.py --brokers B create-topic NAME [--partitions N] [--replication-factor N]
+#                                          [--config k=v ...] [--if-not-exists]
 #   admin.py --brokers B alter-config NAME k=v ...
 #   admin.py --brokers B delete-topic NAME
 #   admin.py --brokers B list-topics
+#   admin.py --brokers B leaders NAME ...
+#       one line per partition: topic, partition, leader (-1 if none), and the
+#       in-sync replicas, comma-separated, as the broker answering knows them
 # /usr/bin/python3 on purpose: confluent_kafka comes from Debian's
 # python3-confluent-kafka, which other interpreters (pyenv) do not see.
 import argparse
@@ -42,7 +46,8 @@ def wait_metadata(admin, name, present):
 
 
 def create_topic(admin, args):
-    topic = NewTopic(args.name, num_partitions=args.partitions, replication_factor=1,
+    topic = NewTopic(args.name, num_partitions=args.partitions,
+                     replication_factor=args.replication_factor,
                      config=key_values(args.config))
     try:
         admin.create_topics([topic], request_timeout=TIMEOUT)[args.name].result()
@@ -74,6 +79,16 @@ def list_topics(admin, args):
         print(name)
 
 
+def leaders(admin, args):
+    topics = admin.list_topics(timeout=TIMEOUT).topics
+    for name in args.names:
+        topic = topics.get(name)
+        if topic is None or topic.error is not None:
+            sys.exit(f"admin.py: no topic {name}: {topic.error if topic else 'not in metadata'}")
+        for p in sorted(topic.partitions.values(), key=lambda p: p.id):
+            print(name, p.id, p.leader, ",".join(str(r) for r in sorted(p.isrs)))
+
+
 def main():
     parser = argparse.ArgumentParser(description="Kafka topic administration for tests")
     parser.add_argument("--brokers", required=True)
@@ -81,6 +96,7 @@ def main():
     p = sub.add_parser("create-topic")
     p.add_argument("name")
     p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--replication-factor", type=int, default=1)
     p.add_argument("--config", action="append", default=[], metavar="K=V")
     p.add_argument("--if-not-exists", action="store_true")
     p.set_defaults(run=create_topic)
@@ -93,6 +109,9 @@ def main():
     p.set_defaults(run=delete_topic)
     p = sub.add_parser("list-topics")
     p.set_defaults(run=list_topics)
+    p = sub.add_parser("leaders")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(run=leaders)
     args = parser.parse_args()
 
     admin = AdminClient({"bootstrap.servers": args.brokers})

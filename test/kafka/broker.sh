@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Single-node Apache Kafka broker (KRaft, broker+controller in one JVM) for tests,
-# run straight from Maven Central jars: no Docker, no tarball.
+# An Apache Kafka node (KRaft, broker+controller in one JVM) for tests, run
+# straight from Maven Central jars: no Docker, no tarball.  Alone by default;
+# test/kafka/cluster.sh runs three of these as one cluster.
 #
-# usage: broker.sh fetch|start|stop|kill|status|wait
+# usage: broker.sh fetch|start|stop|kill|freeze|thaw|pid|status|wait|new-cluster-id
+#   start             format (once) and start the node, wait until it serves
+#   stop              controlled shutdown (SIGTERM), wait for the exit
+#   kill              SIGKILL, wait for the exit
+#   freeze, thaw      SIGSTOP, SIGCONT: the node hangs, alive but silent
+#   pid               print the node's pid
+#   new-cluster-id    print a fresh cluster id, for KAFKA_CLUSTER_ID
 #   KAFKA_PORT        client port, loopback only (default 19092); controller = +1
+#   KAFKA_NODE_ID     node.id (default 1)
+#   KAFKA_VOTERS      the controller quorum, id@host:port,... (static, as
+#                     controller.quorum.voters); unset: this node alone
+#   KAFKA_CLUSTER_ID  the cluster id to format with, the same on every voter
+#                     (default a fresh one; needed with KAFKA_VOTERS)
 #   KAFKA_DIR         data, logs, config and pid file (default /tmp/outbox-kafka-$KAFKA_PORT)
 #   KAFKA_HEAP        JVM heap (default 512m)
 #   KAFKA_PARTITIONS  partitions of auto-created topics (default 1)
@@ -23,6 +35,8 @@ KAFKA_PORT=${KAFKA_PORT:-19092}
 KAFKA_DIR=${KAFKA_DIR:-/tmp/outbox-kafka-$KAFKA_PORT}
 KAFKA_HEAP=${KAFKA_HEAP:-512m}
 KAFKA_WAIT=${KAFKA_WAIT:-90}
+KAFKA_NODE_ID=${KAFKA_NODE_ID:-1}
+KAFKA_VOTERS=${KAFKA_VOTERS:-}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/outbox/kafka-$KAFKA_VERSION
 LIBS=$CACHE/libs
 PIDFILE=$KAFKA_DIR/broker.pid
@@ -79,6 +93,16 @@ pid_of() {
 
 running() { pid_of >/dev/null; }
 
+# A cluster id is 16 random bytes in base64url; one starting with '-' would
+# be read as an option, as Kafka's own random-uuid also avoids.
+new_cluster_id() {
+    local id=-
+    while [[ $id == -* ]]; do
+        id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+    done
+    echo "$id"
+}
+
 # The broker's certificate for the SASL_SSL listener: self-signed, for
 # 127.0.0.1 both as an address and as a name (librdkafka checks the name),
 # in a PKCS12 keystore for the broker and as PEM for clients to trust.
@@ -132,24 +156,32 @@ write_config() {
     if [ -n "${KAFKA_SASL_PORT:-}${KAFKA_SSL_PORT:-}" ]; then
         authentication=$(authentication_properties)
     fi
+    # Internal topics get a replica on every node, up to three; their
+    # min.insync.replicas leaves room for one node down.
+    local quorum="controller.quorum.bootstrap.servers=127.0.0.1:$((KAFKA_PORT + 1))" replicas=1
+    if [ -n "$KAFKA_VOTERS" ]; then
+        quorum="controller.quorum.voters=$KAFKA_VOTERS"
+        replicas=$(tr , '\n' <<<"$KAFKA_VOTERS" | wc -l)
+        replicas=$((replicas > 3 ? 3 : replicas))
+    fi
     mkdir -p "$KAFKA_DIR/data" "$KAFKA_DIR/logs"
     cat >"$KAFKA_DIR/server.properties" <<EOF
 process.roles=broker,controller
-node.id=1
+node.id=$KAFKA_NODE_ID
 listeners=$listeners,CONTROLLER://127.0.0.1:$((KAFKA_PORT + 1))
 advertised.listeners=$listeners
 listener.security.protocol.map=$protocols,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-controller.quorum.bootstrap.servers=127.0.0.1:$((KAFKA_PORT + 1))
+$quorum
 log.dirs=$KAFKA_DIR/data
-# One broker: internal topics cannot have more than one replica, and few
-# partitions make the first group/transaction coordinator lookup fast.
-offsets.topic.replication.factor=1
+# Few partitions make the first group/transaction coordinator lookup fast.
+offsets.topic.replication.factor=$replicas
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$(((replicas + 1) / 2))
 transaction.state.log.num.partitions=1
+default.replication.factor=$replicas
 num.partitions=${KAFKA_PARTITIONS:-1}
 auto.create.topics.enable=true
 group.initial.rebalance.delay.ms=0
@@ -196,7 +228,7 @@ wait_ready() {
     local deadline=$((SECONDS + KAFKA_WAIT))
     # Listing all topics (no -t) so the probe never auto-creates one; the broker
     # appears in the metadata only once it is unfenced and can take produce requests.
-    until kcat -L -b "$BOOTSTRAP" -m 2 2>/dev/null | grep -q "broker 1 at"; do
+    until kcat -L -b "$BOOTSTRAP" -m 2 2>/dev/null | grep -q "broker $KAFKA_NODE_ID at"; do
         if [ -f "$PIDFILE" ] && ! running; then
             log_tail; die "broker process exited"
         fi
@@ -213,18 +245,18 @@ start() {
     write_config
     # Format once; formatting again would fail (or, forced, wipe the cluster id).
     if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
-        # A cluster id is 16 random bytes in base64url; one starting with '-'
-        # would be read as an option, as Kafka's own random-uuid also avoids.
-        local id=-
-        while [[ $id == -* ]]; do
-            id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
-        done
+        # A static quorum (controller.quorum.voters) is formatted as it is;
+        # a lone node makes itself the quorum's only voter.
+        local id=${KAFKA_CLUSTER_ID:-} standalone=()
+        [ -n "$KAFKA_VOTERS" ] || standalone=(--standalone)
+        [ -n "$id" ] || [ -z "$KAFKA_VOTERS" ] || die "KAFKA_VOTERS needs KAFKA_CLUSTER_ID"
+        [ -n "$id" ] || id=$(new_cluster_id)
         say "formatting $KAFKA_DIR/data (cluster $id)"
-        "${JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$id" \
+        "${JAVA[@]}" kafka.tools.StorageTool format "${standalone[@]}" -t "$id" \
             -c "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/format.out" 2>&1 ||
             { cat "$KAFKA_DIR/format.out" >&2; die "format failed"; }
     fi
-    say "starting on $BOOTSTRAP (dir $KAFKA_DIR)"
+    say "starting node $KAFKA_NODE_ID on $BOOTSTRAP (dir $KAFKA_DIR)"
     # One log per run (the previous one kept), so errors shown are this run's.
     if [ -f "$KAFKA_DIR/logs/server.log" ]; then
         mv "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/logs/server.log.1"
@@ -264,12 +296,25 @@ kill9() {
     rm -f "$PIDFILE"
 }
 
+# SIGSTOP or SIGCONT: a node that hangs (a long GC pause, a partition from
+# the network) without its connections closing.
+signal() {
+    local pid
+    pid=$(pid_of) || die "not running"
+    say "sending SIG$1 to pid $pid"
+    kill -"$1" "$pid"
+}
+
 case ${1:-} in
 fetch) fetch ;;
 start) start ;;
 stop) stop ;;
 kill) kill9 ;;
+freeze) signal STOP ;;
+thaw) signal CONT ;;
+pid) pid_of ;;
 status) running ;;
 wait) wait_ready ;;
-*) die "usage: $0 fetch|start|stop|kill|status|wait" ;;
+new-cluster-id) new_cluster_id ;;
+*) die "usage: $0 fetch|start|stop|kill|freeze|thaw|pid|status|wait|new-cluster-id" ;;
 esac

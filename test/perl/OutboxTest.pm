@@ -2,7 +2,9 @@
 #
 # The tests run against the real Apache Kafka broker that test/run-tests
 # starts (test/kafka/broker.sh); they find it through OUTBOX_KAFKA_BROKERS
-# and KAFKA_PORT.  Each test uses topics of its own, named uniquely, so a
+# and KAFKA_PORT.  A test that runs a cluster of its own (cluster_ctl) sets
+# $OutboxTest::brokers to its bootstrap list, and every helper here then
+# uses that instead.  Each test uses topics of its own, named uniquely, so a
 # broker that already holds older runs' messages does not confuse it.
 package OutboxTest;
 
@@ -19,7 +21,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
-  broker_ctl kafka_admin message_id_header run_pgbench
+  broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
   backlog_drain_time enqueue_backlog refusing_topics
   check_delivery);
@@ -27,9 +29,11 @@ our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
 my $fault_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../fault');
 
+our $brokers;
+
 sub brokers
 {
-	return $ENV{OUTBOX_KAFKA_BROKERS} // '127.0.0.1:' . ($ENV{KAFKA_PORT} // 19092);
+	return $brokers // $ENV{OUTBOX_KAFKA_BROKERS} // '127.0.0.1:' . ($ENV{KAFKA_PORT} // 19092);
 }
 
 # A started cluster with outbox preloaded, its workers pointed at the test
@@ -334,11 +338,31 @@ sub worker_exits
 	return $exits - $stopped;
 }
 
+# Run one of test/kafka's scripts; returns its output.  Its progress lines
+# (standard error) go to the test's log.
+sub kafka_script
+{
+	my ($script, @args) = @_;
+	my $stdout;
+	IPC::Run::run([ 'bash', "$kafka_dir/$script", @args ], '<', \undef, '>', \$stdout)
+	  or die "$script @args failed";
+	chomp $stdout;
+	return $stdout;
+}
+
+# The test broker: broker.sh's commands.
 sub broker_ctl
 {
 	my ($command) = @_;
-	system("bash", "$kafka_dir/broker.sh", $command) == 0
-	  or die "broker.sh $command failed";
+	return kafka_script('broker.sh', $command);
+}
+
+# A three-node cluster of the test's own: cluster.sh's commands, for some
+# nodes or all ("cluster_ctl('kill', 2)", "cluster_ctl('start')").
+sub cluster_ctl
+{
+	my (@args) = @_;
+	return kafka_script('cluster.sh', @args);
 }
 
 sub kafka_admin
