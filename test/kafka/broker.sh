@@ -280,6 +280,8 @@ stop() {
     running || { say "not running"; return 0; }
     say "stopping pid $(pid_of)"
     kill -TERM "$(pid_of)"
+    # A frozen node (freeze) acts on the SIGTERM only once it runs again.
+    kill -CONT "$(pid_of)"
     if ! wait_exit "${KAFKA_STOP_WAIT:-30}"; then
         say "no exit after SIGTERM, sending SIGKILL"
         kill -KILL "$(pid_of)"

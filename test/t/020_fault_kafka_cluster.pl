@@ -19,7 +19,8 @@
 # Besides nothing lost, nothing phantom and per-key order, nothing may be
 # published twice: no scenario crashes anything, and the idempotent producer
 # (acks=all) must absorb the leader changes.  The test starts the cluster
-# itself and stops it at the end.
+# itself, on KAFKA_PORT + 400 to + 405, in tmp_check/kafka_cluster, and stops
+# it at the end.
 use strict;
 use warnings;
 
@@ -31,6 +32,9 @@ use Time::HiRes qw(time sleep);
 
 my $test_started = time();
 my $test_pid = $$;
+
+# A cluster of this run's own, its data and logs kept with the test's.
+$ENV{KAFKA_CLUSTER_DIR} = "$PostgreSQL::Test::Utils::tmp_check/kafka_cluster";
 
 # Stopped however the test ends (but not by a process IPC::Run forked).
 END
