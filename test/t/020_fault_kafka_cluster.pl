@@ -95,6 +95,15 @@ sub new_topics
 	return @topics;
 }
 
+# How many produce requests a node has refused for want of in-sync
+# replicas, as its log says.
+sub refusals
+{
+	my ($n) = @_;
+	my $log = slurp_file("$ENV{KAFKA_CLUSTER_DIR}/node$n/logs/server.log");
+	return scalar(() = $log =~ /NotEnoughReplicasException/g);
+}
+
 sub topic_list { return join(',', map { "'$_'" } @_); }
 
 my @wall_times;
@@ -160,6 +169,7 @@ scenario('cluster: two of three nodes down 20 s', 40, sub {
 	# of the partitions' in-sync replicas: the survivor is left alone in
 	# them and refuses writes, rather than waiting for followers that
 	# never come.
+	my $refusals_before = refusals($survivor);
 	cluster_ctl('stop', $_) for @down;
 	my $down_at = time();
 	# Sampled every second of the outage: an attempt counted and then
@@ -173,6 +183,8 @@ scenario('cluster: two of three nodes down 20 s', 40, sub {
 			"SELECT count(*) FILTER (WHERE state <> 'sent'), coalesce(max(attempts), 0) FROM outbox_message WHERE topic IN ($topics)");
 		$max_attempts = $attempts if $attempts > $max_attempts;
 	}
+	cmp_ok(refusals($survivor), '>', $refusals_before,
+		"two nodes down: node $survivor refuses writes (NOT_ENOUGH_REPLICAS)");
 	cmp_ok($waiting, '>', 0, 'two nodes down: messages wait at the end of the outage');
 	is($max_attempts, 0, 'two nodes down: no attempt is counted while writes are refused');
 	my $drain_s = backlog_drain_time($node, sub { cluster_ctl('start', @down) });
