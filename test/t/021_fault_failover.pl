@@ -13,6 +13,9 @@
 #    but no message in Kafka lacks its transaction.
 # 4. The setting naming a slot that does not exist: nothing is published,
 #    outbox_worker and the log say why, and clearing it delivers all.
+# 5. The setting naming a logical slot, which says nothing of a standby,
+#    then an invalidated one: the worker waits, and says why; DROP EXTENSION
+#    during that wait ends the worker.
 #
 # Before its promotion a standby runs nothing of the extension and logs
 # nothing of it, and an enqueue there gets PostgreSQL's read-only error.
@@ -173,7 +176,8 @@ sub start_failover_load
 	return ($load, $acknowledged);
 }
 
-my $primary = outbox_node('failover_a', init => { allows_streaming => 1 }, conf => $node_conf);
+# wal_level logical, for scenario 5's logical slot; the standbys inherit it
+my $primary = outbox_node('failover_a', init => { allows_streaming => 'logical' }, conf => $node_conf);
 push @nodes, $primary;
 $primary->safe_psql('postgres',
 	'CREATE TABLE fault_log (id bigint, message_id uuid, topic text, key text)');
@@ -281,6 +285,41 @@ like($log, qr/HINT:  Create it with pg_create_physical_replication_slot\('no_suc
 set_and_reload($primary, "outbox.synchronized_standby_slots = ''");
 fault_check($primary, scenario => $scenario, topics => [$topic], idle => 2);
 diag(sprintf('%s: %.1f s', $scenario, time() - $t_scenario));
+
+# 5. a logical slot; then DROP EXTENSION while the worker waits
+$scenario = 'synchronized_standby_slots: logical slot';
+$primary->safe_psql('postgres',
+	"SELECT pg_create_logical_replication_slot('outbox_logical', 'test_decoding')");
+set_and_reload($primary, "outbox.synchronized_standby_slots = 'outbox_logical'");
+$primary->safe_psql('postgres', "SELECT outbox_enqueue('$topic', 'after the logical slot'::text)");
+ok(wait_for_query($primary, q{SELECT state, last_error LIKE '%"outbox_logical"%is a logical slot%' FROM outbox_worker},
+		'waiting for standby|t', 30),
+	"$scenario: the worker waits, and outbox_worker says why");
+like(slurp_file($primary->logfile),
+	qr/WARNING:  outbox: replication slot "outbox_logical" of outbox.synchronized_standby_slots is a logical slot/,
+	"$scenario: a WARNING in the log");
+
+# a physical slot whose WAL a checkpoint gave up (max_slot_wal_keep_size)
+set_and_reload($primary, "max_slot_wal_keep_size = '1MB'");
+$primary->safe_psql('postgres', "SELECT pg_create_physical_replication_slot('outbox_lost', true)");
+$primary->safe_psql('postgres',
+	"CREATE TABLE IF NOT EXISTS filler_lost (x text); INSERT INTO filler_lost VALUES ('x'); SELECT pg_switch_wal()")
+  for 1 .. 2;
+$primary->safe_psql('postgres', 'CHECKPOINT');
+is($primary->safe_psql('postgres', "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'outbox_lost'"),
+	'lost', "$scenario: the checkpoint invalidated the slot outbox_lost");
+set_and_reload($primary, "outbox.synchronized_standby_slots = 'outbox_lost'");
+ok(wait_for_query($primary, q{SELECT state, last_error LIKE '%"outbox_lost"%has been invalidated%' FROM outbox_worker},
+		'waiting for standby|t', 30),
+	"$scenario: an invalidated slot: the worker waits, and outbox_worker says why");
+
+my $t_drop = time();
+$primary->safe_psql('postgres', 'DROP EXTENSION outbox');
+ok($primary->poll_query_until('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'", '0'),
+	"$scenario: DROP EXTENSION during the wait ends the worker");
+diag(sprintf('%s: DROP EXTENSION to the worker gone: %.1f s', $scenario, time() - $t_drop));
+$primary->safe_psql('postgres', "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('outbox_logical', 'outbox_lost')");
 
 for my $node (@nodes)
 {
