@@ -9,6 +9,8 @@
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
 #   B5  1,000 messages per second while a transaction holds the xmin horizon
 #   B6  three databases at 1,000 messages per second each, beside one at 3,000
+#   B7  B3's rates with an asynchronous standby, outbox.synchronized_standby_slots
+#       off and then on
 #
 # Every figure is printed beside the peers' measured in the same run, as a
 # ratio: absolute times on a shared machine drift.  Progress goes to stderr,
@@ -29,6 +31,8 @@ import json
 import math
 import os
 import platform
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,8 +78,14 @@ B5_PEERS = ("ours", "tuned")
 # analyzed), the first to run had a p50 several times the second's (three
 # databases first: 72 to 230 ms against 10 to 40), falling over its 30 s.
 B6 = {"rate": 1000}
+# B7: B3's rates published by our worker while an asynchronous streaming
+# standby (on a physical slot, in the bench's directory, the next port) replays
+# the primary's WAL: first with outbox.synchronized_standby_slots empty, then
+# naming the standby's slot, so that the worker produces a batch only once the
+# standby has flushed the WAL up to its claim.  The ratio is what that costs.
+B7 = {"slot": "bench_standby", "variants": ("off", "on")}
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B3", "B4", "B5", "B6")
+PARTS = ("B2", "B1", "B3", "B4", "B5", "B6", "B7")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -443,6 +453,38 @@ class HeldSnapshot:
         with self.conn.cursor() as cur:
             cur.execute("COMMIT")
         self.conn.close()
+
+
+class Standby:
+    """An asynchronous streaming standby of the DSN's cluster (which must
+    connect through a unix socket directory), on a physical slot made by its
+    base backup, run by the postgres user beside the primary's directory."""
+
+    def __init__(self, args, primary, slot):
+        params = psycopg2.extensions.parse_dsn(args.dsn)
+        self.pg_bin, self.primary, self.slot = args.pg_bin, primary, slot
+        self.dir = os.path.join(params["host"], "standby")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        # A fast checkpoint: a spread one would take most of the bench's 30 minute checkpoint_timeout.
+        self.postgres("pg_basebackup", "-h", params["host"], "-p", params["port"], "-U", "postgres",
+                      "-D", self.dir, "-X", "stream", "-C", "-S", slot, "-R", "--checkpoint=fast")
+        conf = os.path.join(self.dir, "postgresql.conf")
+        with open(conf, "a") as f:
+            f.write(f"port = {int(params['port']) + 1}\n")
+        self.postgres("pg_ctl", "-D", self.dir, "-l", os.path.join(self.dir, "server.log"), "-w", "-s",
+                      "start")
+        wait_until("B7: the standby streams", lambda: primary.value(
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'") == 1, 60)
+
+    def postgres(self, program, *args):
+        user = pwd.getpwnam("postgres")
+        subprocess.run([os.path.join(self.pg_bin, program), *args], check=True,
+                       preexec_fn=lambda: (os.setgid(user.pw_gid), os.setuid(user.pw_uid)))
+
+    def stop(self):
+        self.postgres("pg_ctl", "-D", self.dir, "-m", "fast", "-w", "-s", "stop")
+        self.primary.run("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Bench:
@@ -924,6 +966,53 @@ class Bench:
 
     # the report ----------------------------------------------------------------
 
+    # B7 ----------------------------------------------------------------------
+
+    def standby_slots(self, value):
+        """Set outbox.synchronized_standby_slots for the server, and wait
+        until a new session has it: the postmaster has read the file, and
+        signalled the worker, which reads it at once; the load's warm-up, not
+        counted, follows."""
+        self.db.run("ALTER SYSTEM SET outbox.synchronized_standby_slots = %s", (value,))
+        self.db.run("SELECT pg_reload_conf()")
+        wait_until(f"B7: outbox.synchronized_standby_slots = '{value}'", lambda: Database(self.args.dsn).value(
+            "SELECT setting FROM pg_settings WHERE name = 'outbox.synchronized_standby_slots'") == value, 10)
+
+    def b7(self):
+        standby = Standby(self.args, self.db, B7["slot"])
+        result = {rate: {} for rate in B3_RATES}
+        try:
+            self.clean()
+            for variant in B7["variants"]:
+                self.standby_slots(B7["slot"] if variant == "on" else "")
+                for rate in B3_RATES:
+                    what = f"B7 slots {variant} at {rate}/s"
+                    result[rate][variant], = self.latency_loads(
+                        what, [(self.db, "ours", f"bench.b7.{variant}.{rate}", rate, B3_RATES[rate])],
+                        self.size["b3_seconds"])
+                    progress(f"{what}: " + latency_summary(result[rate][variant]))
+                    self.clean()
+        finally:
+            self.standby_slots("")
+            standby.stop()
+        self.results["b7"] = result
+
+    @staticmethod
+    def b7_report(b7, seconds):
+        out = ["", "B7 outbox.synchronized_standby_slots: B3's loads (pgbench -R, %d s after %.0f s of"
+                   " warm-up) with an asynchronous streaming standby on a physical slot; the worker"
+                   " publishes without waiting for it (off), then only what it has flushed (on)"
+                   % (seconds, WARMUP)]
+        rows = [("load", "slots off p50", "p99", "slots on p50", "p99", "p99 on/off")]
+        for rate, by_variant in b7.items():
+            off, on = by_variant["off"], by_variant["on"]
+            if not (off["kept_up"] and on["kept_up"]):
+                rows.append((f"{rate:,} msg/s", *(["behind"] * 4), ""))
+                continue
+            rows.append((f"{rate:,} msg/s", f"{off['p50']:,.1f}", f"{off['p99']:,.1f}",
+                         f"{on['p50']:,.1f}", f"{on['p99']:,.1f}", f"{on['p99'] / off['p99']:.2f}"))
+        return out + table(rows)
+
     def report(self):
         out = [
             "",
@@ -1008,6 +1097,9 @@ class Bench:
         b6 = self.results.get("b6")
         if b6 and "together" in b6:
             out += self.b6_report(b6)
+        b7 = self.results.get("b7")
+        if b7:
+            out += self.b7_report(b7, self.size["b3_seconds"])
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -1216,10 +1308,11 @@ def main():
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
                               + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
-                              + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)])
+                              + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
+                              + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1), "B3": ("B3 latency", bench.b3),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
-            "B6": ("B6 databases", bench.b6)}
+            "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:
