@@ -7,7 +7,7 @@
 #      after 30 s; the other two take over its partitions meanwhile.
 #   2. A rolling restart: each node in turn stopped (controlled shutdown)
 #      and started again, the next only once every partition has its three
-#      replicas in sync again.
+#      replicas in sync again (with OUTBOX_SLOW_TESTS=1 only: a minute).
 #   3. SIGSTOP of the leading node for 20 s (alive, its connections open,
 #      but silent), then SIGCONT.
 #   4. Two nodes stopped for 20 s: one replica left, below
@@ -149,7 +149,7 @@ scenario('cluster: rolling restart', 50, sub {
 		ok(wait_in_sync(60, @topics), "rolling restart: node $n back in sync");
 	}
 	return backlog_drain_time($node);
-});
+}) if slow_tests('the rolling restart');
 
 scenario('cluster: leader frozen (SIGSTOP) 20 s', 35, sub {
 	my (@topics) = @_;
