@@ -33,21 +33,19 @@ die() { say "$*"; exit 1; }
 
 client_port() { echo $((KAFKA_PORT + 400 + 2 * ($1 - 1))); }
 
-voters() {
-    local n list=()
+# Every node's address, comma-separated: 127.0.0.1 and its client port plus
+# $2, after $1 with N as the node's id.
+addresses() {
+    local prefix=$1 offset=$2 n list=()
     for n in "${NODES[@]}"; do
-        list+=("$n@127.0.0.1:$(($(client_port "$n") + 1))")
+        list+=("${prefix//N/$n}127.0.0.1:$(($(client_port "$n") + offset))")
     done
     (IFS=,; echo "${list[*]}")
 }
 
-brokers() {
-    local n list=()
-    for n in "${NODES[@]}"; do
-        list+=("127.0.0.1:$(client_port "$n")")
-    done
-    (IFS=,; echo "${list[*]}")
-}
+voters() { addresses 'N@' 1; }
+
+brokers() { addresses '' 0; }
 
 # The cluster id every node is formatted with, made once.
 cluster_id() {
