@@ -4,6 +4,7 @@
 # and the same Kafka broker, in the same run:
 #
 #   B1  enqueue cost: the registration transaction under pgbench
+#   B1B bulk enqueue: a million rows in transactions of 100,000, three ways
 #   B2  drain: a backlog committed while nothing could publish, then published
 #   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
@@ -50,10 +51,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3"
 
 SIZES = {
-    "default": {"b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
+    "default": {"b1b_rows": 1_000_000, "b1b_chunk": 100_000, "b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
                 "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300, "b6_seconds": 25,
                 "b6_warmup": 20},
-    "quick": {"b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
+    "quick": {"b1b_rows": 100_000, "b1b_chunk": 10_000, "b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
               "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60, "b6_seconds": 8,
               "b6_warmup": 5},
 }
@@ -84,8 +85,26 @@ B6 = {"rate": 1000}
 # naming the standby's slot, so that the worker produces a batch only once the
 # standby has flushed the WAL up to its claim.  The ratio is what that costs.
 B7 = {"slot": "bench_standby", "variants": ("off", "on")}
+# B1B: a batch job's or a migration's enqueue, with the worker paused (the
+# messages wait; publishing is B2's): its size's "b1b_rows" over 1,000 keys,
+# "b1b_chunk" per transaction, each chunk one statement over
+# generate_series, ~30-byte JSON payloads; each way in turn, two rounds.
+# The outbox's rows are truncated after each way, the plain table's too.
+B1B_ROUNDS = 2
+B1B_PAYLOAD = "jsonb_build_object('n', i, 'kind', 'bulk')"
+B1B_WAYS = {
+    "outbox_enqueue()":
+        "SELECT count(outbox_enqueue('bench.b1b', {payload}, 'key-' || i % 1000)) FROM {rows}",
+    "INSERT INTO outbox_message (trigger included)":
+        "INSERT INTO outbox_message (topic, key, payload)"
+        " SELECT 'bench.b1b', 'key-' || i % 1000, convert_to(({payload})::text, 'UTF8') FROM {rows}",
+    "INSERT INTO plain_message (no trigger)":
+        "INSERT INTO plain_message (topic, key, payload)"
+        " SELECT 'bench.b1b', 'key-' || i % 1000, convert_to(({payload})::text, 'UTF8') FROM {rows}",
+}
+B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B3", "B4", "B5", "B6", "B7")
+PARTS = ("B2", "B1", "B1B", "B3", "B4", "B5", "B6", "B7")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -695,6 +714,38 @@ class Bench:
         self.results["b1_drains"] = drains
         self.clean()
 
+    def b1b(self):
+        """Each way of enqueueing in bulk, in turn, with the worker paused;
+        rows/s per way, the mean of the rounds."""
+        n, chunk = self.size["b1b_rows"], self.size["b1b_chunk"]
+        rates = {way: [] for way in B1B_WAYS}
+        self.worker.pause()
+        try:
+            for round_ in range(B1B_ROUNDS):
+                for way, statement in B1B_WAYS.items():
+                    self.clean()
+                    begin = time.monotonic()
+                    for lo in range(1, n + 1, chunk):
+                        rows = f"generate_series({lo}, {min(lo + chunk - 1, n)}) i"
+                        self.db.run(statement.format(payload=B1B_PAYLOAD, rows=rows))
+                    rates[way].append(n / (time.monotonic() - begin))
+                    progress(f"B1B round {round_ + 1}: {way}: {rates[way][-1]:,.0f} rows/s")
+                    self.db.run("TRUNCATE outbox_message, plain_message")
+        finally:
+            self.worker.resume()
+        self.results["b1b"] = {way: sum(values) / len(values) for way, values in rates.items()}
+        self.clean()
+
+    def b1b_report(self, b1b):
+        plain = b1b[B1B_PLAIN]
+        out = ["", f"B1B bulk enqueue: {self.size['b1b_rows']:,} rows over 1,000 keys, in transactions of"
+                   f" {self.size['b1b_chunk']:,} (one statement each), the worker paused;"
+                   f" the mean of {B1B_ROUNDS} rounds, each way in turn"]
+        out += table([("way", "rows/s", "vs plain INSERT", "target")] + [
+            (way, f"{rate:,.0f}", f"{rate / plain:.2f}", ">= 0.8" if way == "outbox_enqueue()" else "")
+            for way, rate in b1b.items()])
+        return out
+
     def drain_after_pause(self):
         """Let the worker publish what waited while it was paused, as after a
         short broker outage; (messages, msg/s from its first publish to the
@@ -1085,6 +1136,9 @@ class Bench:
             drains = ", ".join(f"{n:,} at {rate:,.0f} msg/s" for n, rate in self.results["b1_drains"])
             out.append(f"  after each paused run, the worker published the messages that waited: {drains}"
                        + (f" (B2: {b2['rate']['ours']:,.0f} msg/s)" if b2 else ""))
+        b1b = self.results.get("b1b")
+        if b1b:
+            out += self.b1b_report(b1b)
         b4 = self.results.get("b4")
         if b4:
             out += ["", f"B4 soak: {SOAK['seconds'] // 60} minutes at {SOAK['rate']:,} msg/s, outbox_enqueue"]
@@ -1310,7 +1364,8 @@ def main():
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
                               + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES])
-    runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1), "B3": ("B3 latency", bench.b3),
+    runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
+            "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
