@@ -24,7 +24,7 @@ our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
   backlog_drain_time enqueue_backlog refusing_topics
-  check_delivery slow_tests);
+  check_delivery slow_tests publishers_gone);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
 my $fault_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../fault');
@@ -334,6 +334,15 @@ sub fault_check
 	cmp_ok($result->{duplicates}, '<=', ($args{crashes} // 0) * 1000,
 		"$scenario: duplicates within one batch per crash");
 	return $result;
+}
+
+# Wait until no publisher (backend_type "outbox worker") runs on the node,
+# in any database; true if none did within the default timeout.
+sub publishers_gone
+{
+	my ($node) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'", '0');
 }
 
 # How often the node's log says one of the outbox's background workers (the

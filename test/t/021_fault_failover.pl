@@ -315,8 +315,7 @@ ok(wait_for_query($primary, q{SELECT state, last_error LIKE '%"outbox_lost"%has 
 
 my $t_drop = time();
 $primary->safe_psql('postgres', 'DROP EXTENSION outbox');
-ok($primary->poll_query_until('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'", '0'),
+ok(publishers_gone($primary),
 	"$scenario: DROP EXTENSION during the wait ends the worker");
 diag(sprintf('%s: DROP EXTENSION to the worker gone: %.1f s', $scenario, time() - $t_drop));
 $primary->safe_psql('postgres', "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('outbox_logical', 'outbox_lost')");
