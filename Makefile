@@ -14,6 +14,7 @@ OBJS = \
 	src/launcher.o \
 	src/publisher.o \
 	src/pipeline.o \
+	src/row_writer.o \
 	src/producer.o \
 	src/store.o \
 	src/segment.o \
@@ -49,7 +50,7 @@ SHLIB_LINK = -lrdkafka
 REGRESS = surface refused dead_letter views privileges settings databases
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
-ISOLATION = enqueue_rollback key_locks
+ISOLATION = enqueue_rollback key_locks row_writer
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.

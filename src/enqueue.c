@@ -31,6 +31,7 @@
 #include "enqueue.h"
 #include "key_lock.h"
 #include "message.h"
+#include "row_writer.h"
 #include "serving.h"
 #include "settings.h"
 #include "worker_slot.h"
@@ -66,6 +67,8 @@ static bool inserting_checked_row = false;
 /* The INSERT that outbox_enqueue() runs, prepared once per schema. */
 static SPIPlanPtr enqueue_plan = NULL;
 static Oid	enqueue_plan_namespace = InvalidOid;
+
+static void note_row_written(int64 id);
 
 PG_FUNCTION_INFO_V1(outbox_enqueue_jsonb);
 PG_FUNCTION_INFO_V1(outbox_enqueue_bytes);
@@ -230,9 +233,12 @@ check_headers(Jsonb *headers)
 	return size;
 }
 
-/* Insert a checked message through a plan prepared once; returns its id. */
+/*
+ * Insert a checked message through an INSERT prepared once, which fires the
+ * trigger; returns its id.
+ */
 static int64
-insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *headers)
+insert_through_spi(Oid namespace, const NewMessage *message)
 {
 	Datum		values[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
@@ -262,12 +268,12 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 		enqueue_plan_namespace = namespace;
 	}
 
-	values[0] = PointerGetDatum(topic);
-	values[1] = PointerGetDatum(key);
-	nulls[1] = key ? ' ' : 'n';
-	values[2] = PointerGetDatum(payload);
-	values[3] = PointerGetDatum(headers);
-	nulls[3] = headers ? ' ' : 'n';
+	values[0] = PointerGetDatum(message->topic);
+	values[1] = PointerGetDatum(message->key);
+	nulls[1] = message->key ? ' ' : 'n';
+	values[2] = PointerGetDatum(message->payload);
+	values[3] = PointerGetDatum(message->headers);
+	nulls[3] = message->headers ? ' ' : 'n';
 
 	inserting_checked_row = true;
 	PG_TRY();
@@ -288,6 +294,23 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 }
 
 /*
+ * Insert a checked message whose key is locked; returns its id.  The row
+ * writer writes it straight into its segment, doing the trigger's work
+ * itself; a table it does not write gets an INSERT.
+ */
+static int64
+insert_message(Oid namespace, const NewMessage *message)
+{
+	int64		id;
+
+	if (row_writer_insert(namespace, message, &id))
+		note_row_written(id);
+	else
+		id = insert_through_spi(namespace, message);
+	return id;
+}
+
+/*
  * The common part of the outbox_enqueue() variants, once the payload
  * is in its bytes.  Checking here rather than in the trigger lets the errors
  * name the function's arguments.
@@ -295,17 +318,19 @@ insert_message(Oid namespace, text *topic, text *key, bytea *payload, Jsonb *hea
 static Datum
 enqueue(FunctionCallInfo fcinfo, bytea *payload)
 {
-	text	   *topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
-	text	   *key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
-	Jsonb	   *headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+	NewMessage	message;
 
-	check_topic(topic);
-	check_record_size(VARSIZE_ANY_EXHDR(payload), key, check_headers(headers));
-	if (key)
-		key_lock_acquire(topic, key);
+	message.topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	message.key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+	message.payload = payload;
+	message.headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 
-	PG_RETURN_INT64(insert_message(get_func_namespace(fcinfo->flinfo->fn_oid),
-								   topic, key, payload, headers));
+	check_topic(message.topic);
+	check_record_size(VARSIZE_ANY_EXHDR(payload), message.key, check_headers(message.headers));
+	if (message.key)
+		key_lock_acquire(message.topic, message.key);
+
+	PG_RETURN_INT64(insert_message(get_func_namespace(fcinfo->flinfo->fn_oid), &message));
 }
 
 static void

@@ -122,6 +122,11 @@ SELECT outbox_enqueue('t', 'first'::text) > 0 AS enqueued;
 SELECT outbox_enqueue('bad topic', 'second'::text);
 COMMIT;
 
+-- a read-only transaction refuses an enqueue as it refuses an INSERT
+BEGIN READ ONLY;
+SELECT outbox_enqueue('t', 'read only'::text);
+ROLLBACK;
+
 -- an enqueue whose INSERT fails, in a subtransaction rolled back, leaves
 -- the next plain INSERT checked as always
 CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS
