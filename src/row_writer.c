@@ -98,6 +98,7 @@ typedef struct RowWriter
 {
 	MemoryContext context;		/* all of it, estate included */
 	bool		valid;			/* false once an invalidation came */
+	bool		complete;		/* built to the end, not cut short by an error */
 	bool		writable;		/* the table is one it writes */
 	Oid			namespace;
 	Oid			table;
@@ -214,7 +215,7 @@ current_writer(Oid namespace)
 	MemoryContext old;
 	Relation	table;
 
-	if (writer != NULL && writer->valid && writer->namespace == namespace)
+	if (writer != NULL && writer->valid && writer->complete && writer->namespace == namespace)
 		return writer;
 
 	if (!callback_registered)
@@ -246,6 +247,7 @@ current_writer(Oid namespace)
 	writer->writable = table != NULL && build_table_part(table);
 	if (table != NULL)
 		table_close(table, NoLock);
+	writer->complete = true;
 	MemoryContextSwitchTo(old);
 	return writer;
 }
@@ -258,12 +260,11 @@ static void
 build_segment_part(SegmentWriter *segment, Relation rel)
 {
 	MemoryContext old = MemoryContextSwitchTo(writer->context);
-	ResultRelInfo *result_rel = makeNode(ResultRelInfo);
 
-	segment->ready = true;
-	segment->writable = rel->rd_rel->relispartition && writes_as_insert_would(rel);
-	if (segment->writable)
+	if (rel->rd_rel->relispartition && writes_as_insert_would(rel))
 	{
+		ResultRelInfo *result_rel = makeNode(ResultRelInfo);
+
 		InitResultRelInfo(result_rel, rel, 0, NULL, 0);
 		ExecOpenIndices(result_rel, false);
 		segment->index_oids = palloc(sizeof(Oid) * Max(result_rel->ri_NumIndices, 1));
@@ -271,16 +272,18 @@ build_segment_part(SegmentWriter *segment, Relation rel)
 		{
 			segment->index_oids[i] = RelationGetRelid(result_rel->ri_IndexRelationDescs[i]);
 			index_close(result_rel->ri_IndexRelationDescs[i], NoLock);
-			result_rel->ri_IndexRelationDescs[i] = NULL;
 		}
 		result_rel->ri_RelationDesc = NULL;
-		segment->result_rel = result_rel;
 		segment->from_table = build_attrmap_by_name_if_req(writer->slot->tts_tupleDescriptor,
 														   RelationGetDescr(rel));
 		if (segment->from_table)
 			segment->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(RelationGetDescr(rel)),
 													 &TTSOpsVirtual);
+		segment->result_rel = result_rel;
+		segment->writable = true;
 	}
+	/* last, so that an error above leaves it to be built again */
+	segment->ready = true;
 	MemoryContextSwitchTo(old);
 }
 
