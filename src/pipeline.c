@@ -13,8 +13,10 @@
  * Each turn claims the next batch in a transaction, settles the batch in
  * flight (waits for Kafka's delivery reports on it and records them),
  * commits, and then produces the batch it claimed: that one is in flight
- * until the next turn.  So at most one batch is acknowledged and not yet
- * recorded, the most a crash can publish twice.  With nothing in flight,
+ * until the next turn.  The commit does not wait for its WAL flush, but no
+ * batch is produced before the worker's last commit is flushed
+ * (make_last_commit_durable()).  So at most one batch is acknowledged and
+ * not yet durably recorded, the most a crash can publish twice.  With nothing in flight,
  * the claimed batch is produced before the commit; a partial one (one that
  * neither outbox.batch_size nor outbox.max_batch_bytes cut short) is also
  * settled in that transaction, which spares a second transaction per wake
@@ -44,6 +46,8 @@
 #include "executor/spi.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
+#include "replication/syncrep.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -269,6 +273,27 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 }
 
 /*
+ * The worker's commits do not wait for their WAL flush
+ * (commit_turn_transaction()): what they record is that Kafka has messages,
+ * and a commit lost in a crash only publishes those again.  But the promise
+ * is at most one batch: so before a batch goes to Kafka, the worker's last
+ * commit, which recorded the batch before it, is made as durable as
+ * synchronous_commit would have made it (flushed; with synchronous standbys
+ * named, confirmed by them).  Most often an application's commit, whose
+ * flush came before it woke the worker, has flushed it already; and the
+ * worker's turn no longer waits, with the application's messages that came
+ * meanwhile, behind fsyncs queued by other commits.
+ */
+static void
+make_last_commit_durable(void)
+{
+	if (XactLastCommitEnd == InvalidXLogRecPtr || synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+		return;
+	XLogFlush(XactLastCommitEnd);
+	SyncRepWaitForLSN(XactLastCommitEnd, true);
+}
+
+/*
  * Hand a claimed batch to the producer if it can take it.  Returns whether
  * it did.  The producer keeps per-key order: once a message of a key cannot
  * be produced, the later messages of that key in the batch are not produced
@@ -280,6 +305,7 @@ produce_batch(Pipeline *p, Batch *batch)
 	if (batch->state != BATCH_CLAIMED || !producer_ready(p->producer))
 		return false;
 
+	make_last_commit_durable();
 	worker_report_state(WORKER_PUBLISHING);
 	producer_produce(p->producer, batch->messages, batch->count);
 	if (worker_take_fatal_error_drill())
@@ -428,9 +454,10 @@ begin_turn_transaction(void)
 }
 
 /*
- * Commit; CommitTransactionCommand() leaves TopMemoryContext current.  Then
- * report the turn's table statistics (at most once a second, as a backend
- * does between statements), so that autovacuum counts the rows the worker
+ * Commit, without waiting for the WAL flush (see make_last_commit_durable());
+ * CommitTransactionCommand() leaves TopMemoryContext current.  Then report
+ * the turn's table statistics (at most once a second, as a backend does
+ * between statements), so that autovacuum counts the rows the worker
  * deleted.
  */
 static void
@@ -438,6 +465,8 @@ commit_turn_transaction(MemoryContext turn_context)
 {
 	SPI_finish();
 	PopActiveSnapshot();
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_LOCAL, true, 0, false);
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(turn_context);
 	pgstat_report_stat(false);

@@ -43,6 +43,29 @@
 /* The only schemas the worker's statements may find names in. */
 #define WORKER_SEARCH_PATH "pg_catalog, pg_temp"
 
+/*
+ * How the worker's statements are planned (store.c's PLAN_ONCE): each by
+ * the index it is written for, whatever the outbox's statistics say; a list
+ * of ids joined by probes of the primary key, not by a scan of every
+ * segment into a hash table; and no JIT, which a disabled plan node's cost
+ * would otherwise set off for batches of at most outbox.batch_size rows.
+ * test/t/114_worker_plans.pl reads the plans.
+ */
+static const struct
+{
+	const char *name;
+	const char *value;
+}			worker_planning[] = {
+	{"plan_cache_mode", "auto"},	/* so that each statement's own choice holds */
+	{"enable_seqscan", "off"},
+	{"enable_bitmapscan", "off"},
+	{"enable_sort", "off"},
+	{"enable_hashjoin", "off"},
+	{"enable_mergejoin", "off"},
+	{"enable_material", "off"},
+	{"jit", "off"},
+};
+
 extern PGDLLEXPORT void outbox_publisher_main(Datum main_arg);
 
 static void
@@ -53,6 +76,26 @@ wait_for_wake(long timeout_ms)
 }
 
 /*
+ * Coalesce wakes: if commits woke the worker while its last turn ran (they
+ * come faster than turns complete), let more gather before the next turn,
+ * for as long as that turn took, at most outbox.max_wake_delay.  Each turn
+ * costs a transaction whatever it carries, so at a steady rate this about
+ * halves the turns, and their CPU, for at most that much more latency; a
+ * commit that finds the worker idle is published at once.  A SIGTERM ends
+ * the wait early only at its end.
+ */
+static void
+coalesce_wakes(TimestampTz turn_began)
+{
+	long		turn_ms = TimestampDifferenceMilliseconds(turn_began, GetCurrentTimestamp());
+	long		delay_ms = Min(turn_ms, outbox_max_wake_delay);
+
+	if (delay_ms <= 0 || !MyLatch->is_set)
+		return;
+	(void) WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms, PG_WAIT_EXTENSION);
+}
+
+/*
  * Connect to the database the launcher handed this worker's slot out for.
  * If it has gone, connecting ends the process, and the launcher finds out.
  *
@@ -60,13 +103,17 @@ wait_for_wake(long timeout_ms)
  * statements must resolve in pg_catalog only: with the database's or a
  * role's search_path, an operator or function that another role created in
  * a schema on it (public, say) would run as superuser.  The override holds
- * for the worker's life, against ALTER DATABASE ... SET and reloads alike.
+ * for the worker's life, against ALTER DATABASE ... SET and reloads alike;
+ * so do the settings its plans are made with.
  */
 static void
 connect_to_database(Oid database)
 {
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
 	SetConfigOption("search_path", WORKER_SEARCH_PATH, PGC_SUSET, PGC_S_OVERRIDE);
+	for (int i = 0; i < (int) lengthof(worker_planning); i++)
+		SetConfigOption(worker_planning[i].name, worker_planning[i].value,
+						PGC_SUSET, PGC_S_OVERRIDE);
 	pgstat_report_appname("outbox worker");
 }
 
@@ -165,12 +212,16 @@ outbox_publisher_main(Datum main_arg)
 
 	while (!ShutdownRequestPending)
 	{
+		TimestampTz turn_began = GetCurrentTimestamp();
 		long		wait_ms;
 		bool		go_on = publish_once(pipeline, &wait_ms);
 
 		MemoryContextReset(loop_context);
 		if (!go_on && !ShutdownRequestPending)
+		{
+			coalesce_wakes(turn_began);
 			wait_for_wake(wait_ms);
+		}
 	}
 
 	pipeline_finish(pipeline);

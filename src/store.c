@@ -59,7 +59,27 @@ typedef struct StoreStatementDef
 	const char *sql;			/* %1$s is the extension's schema */
 	int			nargs;
 	Oid			argtypes[4];
+	int			plan;			/* PLAN_ONCE or PLAN_EACH_TIME */
 } StoreStatementDef;
+
+/*
+ * How a statement is planned.  Planning the claim and the delete anew for
+ * each turn was most of the worker's CPU at a thousand messages a second
+ * (turns of one to five messages): those that scan a range of ids are
+ * planned once, for any values, and again only when the catalog or the
+ * statistics change (a segment truncated, an ANALYZE).  Such a generic plan
+ * is made on statistics that a queue gets wrong, swinging from empty to
+ * millions of rows: the worker plans with sequential and bitmap scans,
+ * sorts and hash joins off (publisher.c's worker_planning), which leaves
+ * each of them only the scan of the index it is written for, in id order,
+ * and a plan made while a segment was empty still walks that index once it
+ * holds a backlog (test/t/114_worker_plans.pl reads them).  The statements
+ * that join a list of ids are planned for each list, which the planner
+ * then knows the length of: a generic plan made on an empty outbox scanned
+ * every segment whole for each id.
+ */
+#define PLAN_ONCE CURSOR_OPT_GENERIC_PLAN
+#define PLAN_EACH_TIME CURSOR_OPT_CUSTOM_PLAN
 
 /*
  * The claim takes waiting rows in id order, skipping rows that another
@@ -73,8 +93,8 @@ typedef struct StoreStatementDef
  * no probe per row on each segment's index.
  *
  * It walks from the claim floor, $4 (see "The claim floor" below), or from
- * the index's left edge when $4 is NULL; the retries due below the floor
- * are claimed first, from the index of retrying rows.
+ * the index's left edge when $4 is BELOW_EVERY_ID; the retries due below
+ * the floor are claimed first, from the index of retrying rows.
  *
  * The rows of the batch still in flight are no longer locked, since the
  * transaction that claimed them has committed, so the claim leaves them out
@@ -85,12 +105,12 @@ typedef struct StoreStatementDef
  *
  * A batch is capped in bytes as well as in messages, so a statement may be
  * run again for the rest of its range: past the id $3, where it stopped
- * (NULL the first time).
+ * (BELOW_EVERY_ID the first time).
  */
 #define CLAIM_SQL(ids_to_claim) \
 		"SELECT " CLAIMED_COLUMNS \
 		"  FROM %1$s.outbox_message m" \
-		" WHERE " ids_to_claim " AND ($3 IS NULL OR m.id > $3)" \
+		" WHERE " ids_to_claim " AND m.id > $3" \
 		"   AND m.state <> 'sent'" \
 		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
 		"   AND (m.key IS NULL" \
@@ -102,18 +122,25 @@ typedef struct StoreStatementDef
 		" ORDER BY m.id LIMIT $1" \
 		" FOR UPDATE OF m SKIP LOCKED"
 
-#define ABOVE_FLOOR "($4 IS NULL OR m.id >= $4) AND "
+#define ABOVE_FLOOR "m.id >= $4 AND "
+
+/*
+ * Below every id: outbox_message_id_seq (and the identity of schema 0.1.0)
+ * starts at 1, and a restored row keeps an id it drew.
+ */
+#define BELOW_EVERY_ID 0
 
 static const StoreStatementDef statement_defs[STMT_COUNT] = {
 	[STMT_CLAIM_RETRIES] = {
 		"claim the retries due below the claim floor",
 		CLAIM_SQL("m.state = 'retrying' AND m.id < $4 AND m.id <> ALL ($2)"),
-		4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}
+		4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID},
+		PLAN_ONCE
 	},
-	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id < $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}},
-	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id = ANY ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}},
-	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id > $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}},
-	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id <> ALL ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}},
+	[STMT_CLAIM_BELOW] = {"claim below the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id < $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}, PLAN_ONCE},
+	[STMT_CLAIM_AMONG] = {"claim among the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id = ANY ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}, PLAN_ONCE},
+	[STMT_CLAIM_ABOVE] = {"claim above the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id > $2"), 4, {INT4OID, INT8OID, INT8OID, INT8OID}, PLAN_ONCE},
+	[STMT_CLAIM_EXCEPT] = {"claim all but the batch in flight", CLAIM_SQL(ABOVE_FLOOR "m.id <> ALL ($2)"), 4, {INT4OID, INT8ARRAYOID, INT8OID, INT8OID}, PLAN_ONCE},
 	/*
 	 * One scan of the primary key's range ($2, $3) instead of a descent per
 	 * id: the ids are tested against the array, hashed, as a filter, which
@@ -123,13 +150,15 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"delete delivered messages",
 		"DELETE FROM %1$s.outbox_message"
 		" WHERE id BETWEEN $2 AND $3 AND (id = ANY ($1)) IS TRUE",
-		3, {INT8ARRAYOID, INT8OID, INT8OID}
+		3, {INT8ARRAYOID, INT8OID, INT8OID},
+		PLAN_ONCE
 	},
 	/* The same, for a run that holds every id of its range. */
 	[STMT_DELETE_RANGE] = {
 		"delete delivered messages",
 		"DELETE FROM %1$s.outbox_message WHERE id BETWEEN $1 AND $2",
-		2, {INT8OID, INT8OID}
+		2, {INT8OID, INT8OID},
+		PLAN_ONCE
 	},
 	[STMT_MARK_SENT] = {
 		"mark delivered messages sent",
@@ -139,7 +168,8 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
 		"       AS d(id, kafka_partition, kafka_offset)"
 		" WHERE m.id = d.id",
-		3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}
+		3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID},
+		PLAN_EACH_TIME
 	},
 	[STMT_RETRY] = {
 		"schedule retries",
@@ -150,7 +180,8 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
 		"       AS f(id, delay_ms, error)"
 		" WHERE m.id = f.id",
-		3, {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID}
+		3, {INT8ARRAYOID, INT8ARRAYOID, TEXTARRAYOID},
+		PLAN_EACH_TIME
 	},
 	/*
 	 * A message whose id outbox_dead_letter already holds (a dead letter
@@ -175,20 +206,23 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 		"  RETURNING m.id"
 		")"
 		" SELECT id FROM moved ORDER BY id",
-		2, {INT8ARRAYOID, TEXTARRAYOID}
+		2, {INT8ARRAYOID, TEXTARRAYOID},
+		PLAN_EACH_TIME
 	},
 	[STMT_NEXT_RETRY] = {
 		"find the next retry",
 		"SELECT (extract(epoch FROM pg_catalog.min(next_attempt_at) - pg_catalog.clock_timestamp())"
 		"        * 1000::pg_catalog.numeric)::pg_catalog.int8"
 		"  FROM %1$s.outbox_message WHERE state = 'retrying'",
-		0, {InvalidOid}
+		0, {InvalidOid},
+		PLAN_ONCE
 	},
 	[STMT_PREPARED_EXIST] = {
 		"look for prepared transactions",
 		"SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts"
 		"                WHERE database = pg_catalog.current_database())",
-		0, {InvalidOid}
+		0, {InvalidOid},
+		PLAN_ONCE
 	},
 };
 
@@ -319,15 +353,7 @@ store_find_extension(void)
 		const StoreStatementDef *def = &statement_defs[i];
 		char	   *sql = psprintf(def->sql, schema);
 
-		/*
-		 * Always plan for the values at hand: the outbox swings from empty
-		 * to a large backlog, and a generic plan cached while it was empty
-		 * (a sequential scan to delete a batch by id) drained a backlog
-		 * fifteen times slower.  Planning costs far less than that, per
-		 * batch.
-		 */
-		plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes,
-									  CURSOR_OPT_CUSTOM_PLAN);
+		plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes, def->plan);
 		if (plans[i] == NULL)
 			elog(ERROR, "outbox: could not prepare worker statement \"%s\": %s",
 				 def->name, SPI_result_code_string(SPI_result));
@@ -521,18 +547,8 @@ last_claimed_id(void)
 static void
 claim_more(Claim *c, StoreStatement stmt, Datum ids, Datum floor, bool floor_known)
 {
-	Datum		args[4] = {0, ids, 0, floor};
-
-	/*
-	 * No bound past which to go on yet, and no floor when it is unknown: a
-	 * NULL, which the custom plan folds away.  A constant below every id
-	 * would make the planner read the index's actual lowest entry
-	 * (get_actual_variable_range()), walking every dead entry a drain
-	 * leaves at its left edge, at each claim.
-	 */
-	char		nulls[5] = "  nn";
-
-	nulls[3] = floor_known ? ' ' : 'n';
+	Datum		args[4] = {0, ids, Int64GetDatum(BELOW_EVERY_ID),
+	floor_known ? floor : Int64GetDatum(BELOW_EVERY_ID)};
 
 	while (!c->full)
 	{
@@ -545,16 +561,13 @@ claim_more(Claim *c, StoreStatement stmt, Datum ids, Datum floor, bool floor_kno
 		 * between them could show its later rows and hide its earlier ones.
 		 */
 		args[0] = Int32GetDatum(asked);
-		if (SPI_execute_snapshot(plans[stmt], args, nulls, GetActiveSnapshot(),
+		if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
 								 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
 		returned = SPI_processed;
 		take_claimed_rows(c);
 		if (returned > 0)
-		{
 			args[2] = Int64GetDatum(last_claimed_id());
-			nulls[2] = ' ';
-		}
 		SPI_freetuptable(SPI_tuptable);
 		if (returned < (uint64) asked)
 			break;
