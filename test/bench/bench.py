@@ -4,9 +4,12 @@
 # and the same Kafka broker, in the same run:
 #
 #   B1  enqueue cost: the registration transaction under pgbench
+#   B1R the same transaction at 1,000 and 7,000 messages per second: the CPU
+#       of what publishes, per message
 #   B1B bulk enqueue: a million rows in transactions of 100,000, three ways
 #   B2  drain: a backlog committed while nothing could publish, then published
 #   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
+#   B3BG B3 while other updates, autovacuum and checkpoints run
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
 #   B5  1,000 messages per second while a transaction holds the xmin horizon
 #   B6  three databases at 1,000 messages per second each, beside one at 3,000
@@ -26,6 +29,7 @@
 # run) and the broker, and calls this.
 # /usr/bin/python3 on purpose: Debian's python3-psycopg2 and python3-confluent-kafka.
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -104,11 +108,35 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1B", "B3", "B4", "B5", "B6", "B7")
+PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
 B3_RATES = {1000: 1, 10000: 10}
+# B3BG: B3's rates, ours, the tuned poller's and the floor's, while the
+# database does other work.  A second pgbench updates random rows of
+# bg_account (schema.sql; "rows" of them, filled at the part's start) at
+# "tps", from "lead" seconds before each measured load to "lag" seconds
+# after it.  bg_account's own autovacuum thresholds (10,000 rows) and a
+# naptime of "autovacuum_naptime" seconds (the default minute would visit
+# the database once in two loads, or not at all) make autovacuum vacuum and
+# analyze it meanwhile.  checkpoint_timeout is set to its minimum,
+# "checkpoint_timeout" seconds, and each load starts so that a timed
+# checkpoint begins in its middle (after a CHECKPOINT of the bench's, which
+# restarts the timer): its writes, and the full-page images of the first
+# change to each page after it.  Both settings are restored at the end.
+B3BG = {"rows": 1_000_000, "tps": 2000, "lead": 2, "lag": 2, "checkpoint_timeout": 30,
+        "autovacuum_naptime": 5}
+B3BG_PEERS = ("ours", "tuned")
+B3BG_UPDATE = "\\set id random(1, {rows})\nUPDATE bg_account SET balance = balance + 1 WHERE id = :id;\n"
+# What ran during a B3BG load, in the order BACKGROUND_ACTIVITY reads it.
+BACKGROUND_COUNTS = ("checkpoints", "checkpoint buffers", "autovacuums", "autoanalyzes")
+BACKGROUND_ACTIVITY = """
+    SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint, autovacuum_count, autoanalyze_count
+      FROM pg_stat_bgwriter, pg_stat_user_tables WHERE relid = 'bg_account'::regclass"""
+# Issue 13's latency targets under that background, per rate: ours p99 at
+# most the floor's plus "over_floor" ms, or at most "p99" ms.
+B3BG_TARGETS = {1000: {"over_floor": 5}, 10000: {"p99": 20}}
 PEERS = ("ours", "seed", "tuned")
 PARTITIONS = 4
 CLIENTS, JOBS = 4, 2           # pgbench: 2 cores
@@ -189,6 +217,20 @@ B1_VARIANTS = {
         f"INSERT INTO tuned_message (topic, key, payload) VALUES ('{t}', 'user-' || :id, ({p})::text);"
         for t, p, h in B1_MESSAGES],
 }
+# B1R: B1's transaction offered at fixed rates by pgbench -R, published by
+# our worker and by the tuned poller in turn, in B1's rounds of B1's
+# seconds: what publishing costs per message at a rate it keeps up with, not
+# flat out.  7,000 msg/s is about what B1 commits flat out with the worker
+# publishing; a rate committed at less than "reached" of the offered is
+# reported as not reached.
+B1R = {"rates": (1000, 7000), "reached": 0.95}
+B1R_VARIANTS = {"ours": B1_PUBLISHING, "tuned": B1_TUNED}
+
+
+def b1_script(statements):
+    """pgbench: the registration transaction, with a variant's statements."""
+    return "\n".join(["BEGIN;", B1_USER] + statements + ["COMMIT;", ""])
+
 
 START = time.monotonic()
 
@@ -685,26 +727,22 @@ class Bench:
 
     def b1(self):
         """Rounds of every variant in turn, so that drift hits them alike."""
-        scripts = {name: "\n".join(["BEGIN;", B1_USER] + statements + ["COMMIT;", ""])
-                   for name, statements in B1_VARIANTS.items()}
+        scripts = {name: b1_script(statements) for name, statements in B1_VARIANTS.items()}
         scripts[B1_PAUSED] = scripts[B1_PUBLISHING]
         tps = {name: [] for name in scripts}
         cpu = {name: 0.0 for name in scripts}      # seconds used by what publishes meanwhile
         drains = []
         for round_ in range(self.size["b1_rounds"]):
             for name, script in scripts.items():
-                poller = Peer("tuned", self.args) if name == B1_TUNED else None
                 if name == B1_PAUSED:
                     self.worker.pause()
-                publisher = (poller.pids(self.db) if poller else
-                             self.worker.pids() if name == B1_PUBLISHING else [])
+                poller, publisher = self.start_publisher(name)
                 before = cpu_seconds(publisher)
                 tps[name].append(self.pgbench(script, self.size["b1_seconds"])["tps"])
                 cpu[name] += cpu_seconds(publisher) - before
                 progress(f"B1 round {round_ + 1}: {name}: {tps[name][-1]:,.0f} TPS")
                 if poller:
-                    wait_until("B1: tuned_message drained",
-                               lambda: self.db.value(BACKLOG["tuned"]) == 0, 300, 0.2)
+                    self.wait_table_drained("tuned", "B1")
                     poller.stop()
                 if name == B1_PAUSED:
                     drains.append(self.drain_after_pause())
@@ -713,6 +751,81 @@ class Bench:
                               for name, values in tps.items()}
         self.results["b1_drains"] = drains
         self.clean()
+
+    def start_publisher(self, variant):
+        """B1 and B1R: what publishes a variant's messages while its load
+        runs, and whose CPU is counted: (the tuned poller, started for it, or
+        None; the pids of the poller and its backend, or of our worker and
+        its Kafka process, or none)."""
+        if variant == B1_TUNED:
+            poller = Peer("tuned", self.args)
+            return poller, poller.pids(self.db)
+        if variant == B1_PUBLISHING:
+            # After a pause the worker starts its Kafka process anew: count it from the start.
+            wait_until("the worker and its Kafka process", lambda: len(self.worker.pids()) >= 2, 30)
+            return None, self.worker.pids()
+        return None, []
+
+    def wait_table_drained(self, peer, what, timeout=300):
+        wait_until(f"{what}: {TABLE[peer]} drained", lambda: self.db.value(BACKLOG[peer]) == 0, timeout, 0.2)
+
+    def b1r(self):
+        """B1's transaction at fixed rates, ours and the tuned poller in turn
+        at each rate, in rounds.  Per rate and publisher: messages committed,
+        msg/s committed (the mean of the rounds), and the CPU of what
+        publishes, from the load's start until its table is empty again, so
+        that the messages left at the load's end are counted with theirs."""
+        per_transaction = len(B1_MESSAGES)
+        result = {rate: {peer: {"messages": 0, "cpu": 0.0, "seconds": 0.0, "committed": []}
+                         for peer in B1R_VARIANTS} for rate in B1R["rates"]}
+        for rate in B1R["rates"]:
+            for round_ in range(self.size["b1_rounds"]):
+                for peer, variant in B1R_VARIANTS.items():
+                    poller, publisher = self.start_publisher(variant)
+                    before, began = cpu_seconds(publisher), time.monotonic()
+                    figures = self.pgbench(b1_script(B1_VARIANTS[variant]), self.size["b1_seconds"],
+                                           rate=rate // per_transaction)
+                    self.wait_table_drained(peer, f"B1R {peer} at {rate}/s")
+                    run = result[rate][peer]
+                    cpu = cpu_seconds(publisher) - before
+                    run["cpu"] += cpu
+                    run["seconds"] += time.monotonic() - began
+                    run["messages"] += figures["processed"] * per_transaction
+                    run["committed"].append(figures["tps"] * per_transaction)
+                    if poller:
+                        poller.stop()
+                    progress(f"B1R round {round_ + 1} at {rate:,} msg/s: {variant}:"
+                             f" {run['committed'][-1]:,.0f} msg/s committed,"
+                             f" {cpu * 1e6 / (figures['processed'] * per_transaction):,.1f} us of CPU per message")
+                    self.clean()
+        self.results["b1r"] = result
+
+    def b1r_report(self, b1r):
+        out = ["", f"B1R the registration transaction at fixed rates: pgbench -R -c {CLIENTS} -j {JOBS},"
+                   f" {self.size['b1_rounds']} round(s) of {self.size['b1_seconds']} s per publisher and rate,"
+                   " in turn"]
+        rows = [("offered", "committed msg/s", "reached", "messages", "publisher CPU, cores",
+                 "CPU per message, us", "ours/tuned")]
+        short = False
+        for rate, by_peer in b1r.items():
+            per_message = {peer: run["cpu"] * 1e6 / run["messages"] for peer, run in by_peer.items()}
+            for peer, run in by_peer.items():
+                committed = sum(run["committed"]) / len(run["committed"])
+                reached = committed >= B1R["reached"] * rate
+                short = short or not reached
+                rows.append((f"{rate:,} msg/s: {B1R_VARIANTS[peer]}", f"{committed:,.0f}",
+                             "yes" if reached else f"no ({committed / rate:.3f})", f"{run['messages']:,}",
+                             f"{run['cpu'] / run['seconds']:.2f}", f"{per_message[peer]:,.1f}",
+                             f"{per_message['ours'] / per_message['tuned']:.2f}" if peer == "ours" else ""))
+        out += table(rows)
+        out.append("  publisher CPU: our worker's and its Kafka process's, or the tuned poller's and its"
+                   " backend's, from the load's start until its table is empty; per message: over the"
+                   " messages committed; ours/tuned: CPU per message")
+        if short:
+            out.append(f"  reached: committed at least {B1R['reached']} of the offered rate; where not (the"
+                       " fraction committed), pgbench fell behind its schedule: the machine could not commit"
+                       " the rate while publishing it, and the CPU per message is that of the rate committed")
+        return out
 
     def b1b(self):
         """Each way of enqueueing in bulk, in turn, with the worker paused;
@@ -812,38 +925,144 @@ class Bench:
                             "latencies": latencies, **(percentiles(latencies) or {})})
         return results
 
-    def latency_run(self, peer, rate):
+    def latency_run(self, peer, rate, part="B3", background=contextlib.nullcontext):
+        """B3's load at a rate, published by a peer, into the part's topic;
+        around the load, the context manager that background() makes (B3BG),
+        whose figures go into the result's "background"."""
         poller = Peer(peer, self.args) if peer != "ours" else None
-        result, = self.latency_loads(f"B3 {peer} at {rate}/s",
-                                     [(self.db, peer, f"bench.b3.{peer}.{rate}", rate, B3_RATES[rate])],
-                                     self.size["b3_seconds"])
+        with background() as activity:
+            result, = self.latency_loads(f"{part} {peer} at {rate}/s",
+                                         [(self.db, peer, f"bench.{part.lower()}.{peer}.{rate}", rate,
+                                           B3_RATES[rate])],
+                                         self.size["b3_seconds"])
+        result["background"] = activity
         if poller:
             poller.stop()
-        progress(f"B3 {peer} at {rate}/s: " + latency_summary(result))
+        progress(f"{part} {peer} at {rate}/s: " + latency_summary(result))
         self.clean()
         return result
 
-    def floor_run(self, rate):
-        """The same consumer on messages produced straight to Kafka (floor.py)."""
-        topic = f"bench.b3.floor.{rate}"
+    def floor_run(self, rate, part="B3", background=contextlib.nullcontext):
+        """The same consumer on messages produced straight to Kafka (floor.py);
+        background as latency_run's."""
+        topic = f"bench.{part.lower()}.floor.{rate}"
         seconds = self.size["b3_seconds"] + WARMUP
         consumer = LatencyConsumer(self.kafka, topic)
         consumer.start()
-        begin = time.time() * 1000
-        subprocess.run([PYTHON, os.path.join(HERE, "floor.py"), "--brokers", self.args.brokers,
-                        "--topic", topic, "--rate", str(rate), "--seconds", str(seconds)], check=True)
-        wait_until(f"B3 floor at {rate}/s: every message consumed",
-                   lambda: len(consumer.samples) >= int(rate * seconds), 30)
+        with background() as activity:
+            begin = time.time() * 1000
+            subprocess.run([PYTHON, os.path.join(HERE, "floor.py"), "--brokers", self.args.brokers,
+                            "--topic", topic, "--rate", str(rate), "--seconds", str(seconds)], check=True)
+            wait_until(f"{part} floor at {rate}/s: every message consumed",
+                       lambda: len(consumer.samples) >= int(rate * seconds), 30)
         consumer.stop()
         stats = percentiles(consumer.latencies(enqueued_after=begin + WARMUP * 1000))
-        progress("B3 floor at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms"
-                 % (rate, stats["p50"], stats["p99"], stats["max"]))
-        return stats
+        progress("%s floor at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms"
+                 % (part, rate, stats["p50"], stats["p99"], stats["max"]))
+        return {**stats, "background": activity}
 
     def b3(self):
         self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
                               for rate in B3_RATES}
         self.results["floor"] = {rate: self.floor_run(rate) for rate in B3_RATES}
+
+    # B3BG --------------------------------------------------------------------
+
+    def b3bg(self):
+        """B3's loads, ours, the tuned poller's and the floor's, each inside
+        background(), with bg_account filled and the settings it needs."""
+        self.db.run("TRUNCATE bg_account")
+        self.db.run("INSERT INTO bg_account SELECT i, 0, repeat('x', 100)"
+                    f" FROM generate_series(1, {B3BG['rows']}) i")
+        self.db.run("VACUUM ANALYZE bg_account")
+        settings = {"checkpoint_timeout": f"{B3BG['checkpoint_timeout']}s",
+                    "autovacuum_naptime": f"{B3BG['autovacuum_naptime']}s"}
+        configured = {name: self.db.value("SELECT current_setting(%s)", (name,)) for name in settings}
+        result = {rate: {} for rate in B3_RATES}
+        try:
+            for name, value in settings.items():
+                self.reload_setting(name, value)
+            self.clean()
+            for rate in B3_RATES:
+                for peer in B3BG_PEERS:
+                    result[rate][peer] = self.latency_run(peer, rate, "B3BG", self.background)
+                result[rate]["floor"] = self.floor_run(rate, "B3BG", self.background)
+        finally:
+            for name in settings:
+                self.reload_setting(name, None, configured[name])
+        self.results["b3bg"] = result
+
+    @contextlib.contextmanager
+    def background(self):
+        """B3BG: around one measured load (WARMUP + b3_seconds), the updates of
+        bg_account, begun B3BG["lead"] s before it and ended B3BG["lag"] s
+        after, and a timed checkpoint that begins in its middle: a CHECKPOINT
+        restarts checkpoint_timeout's timer, then the load waits.  Yields a
+        dict, filled once the updates ended: their TPS, and what the
+        BACKGROUND_ACTIVITY counters counted from the load's start to its end."""
+        load_seconds = WARMUP + self.size["b3_seconds"]
+        self.db.run("CHECKPOINT")
+        timer = time.monotonic()
+        time.sleep(max(0.0, timer + B3BG["checkpoint_timeout"] - load_seconds / 2 - B3BG["lead"]
+                       - time.monotonic()))
+        updates = self.pgbench(B3BG_UPDATE.format(rows=B3BG["rows"]),
+                               B3BG["lead"] + load_seconds + B3BG["lag"], rate=B3BG["tps"], background=True)
+        time.sleep(B3BG["lead"])
+        before = self.db.run(BACKGROUND_ACTIVITY)[0]
+        activity = {}
+        try:
+            yield activity
+            after = self.db.run(BACKGROUND_ACTIVITY)[0]
+        finally:
+            tps = self.finish_pgbench(updates)["tps"]
+        activity.update(zip(BACKGROUND_COUNTS, (a - b for a, b in zip(after, before))), tps=tps)
+        progress(f"B3BG background: {tps:,.0f} TPS of updates; during the load "
+                 + ", ".join(f"{activity[count]:,} {count}" for count in BACKGROUND_COUNTS))
+
+    def b3bg_report(self, b3bg):
+        seconds = self.size["b3_seconds"]
+        out = ["", f"B3BG latency under background activity: B3's loads (pgbench -R, {seconds} s after"
+                   f" {WARMUP:.0f} s of warm-up) while a second pgbench updates random rows of bg_account"
+                   f" ({B3BG['rows']:,} rows) at {B3BG['tps']:,} TPS, from {B3BG['lead']} s before each load to"
+                   f" {B3BG['lag']} s after; checkpoint_timeout {B3BG['checkpoint_timeout']} s, a timed"
+                   " checkpoint begun in the load's middle; autovacuum_naptime"
+                   f" {B3BG['autovacuum_naptime']} s, bg_account's autovacuum thresholds 10,000 rows"]
+        rows = [("load", "p50 ms", "p99 ms", "max ms", "committed / delivered msg/s", "background TPS",
+                 *BACKGROUND_COUNTS)]
+        for rate, by_peer in b3bg.items():
+            for peer in (*B3BG_PEERS, "floor"):
+                result, activity = by_peer[peer], by_peer[peer]["background"]
+                behind = not result.get("kept_up", True)
+                rows.append((f"{rate:,} msg/s: {peer}",
+                             *("behind" if behind else f"{result[stat]:,.1f}" for stat in ("p50", "p99", "max")),
+                             f"{result['committed']:,.0f} / {result['delivered']:,.0f}" if peer != "floor" else "",
+                             f"{activity['tps']:,.0f}", *(f"{activity[count]:,}" for count in BACKGROUND_COUNTS)))
+        out += table(rows)
+        out.append("  floor: floor.py produces straight to Kafka, no database, the same consumer; background"
+                   " TPS: the updates' (offered: %s); checkpoints (timed and requested), the buffers they wrote,"
+                   " autovacuums and autoanalyzes of bg_account: counted from the load's start to its end"
+                   % f"{B3BG['tps']:,}")
+
+        def target(rate):
+            if "over_floor" in B3BG_TARGETS[rate]:
+                return f"ours p99 <= floor p99 + {B3BG_TARGETS[rate]['over_floor']} ms"
+            return f"ours p99 <= {B3BG_TARGETS[rate]['p99']} ms"
+
+        def met(rate):
+            ours, floor = b3bg[rate]["ours"], b3bg[rate]["floor"]
+            if not ours["kept_up"]:
+                return "no (behind)"
+            limit = B3BG_TARGETS[rate].get("p99") or floor["p99"] + B3BG_TARGETS[rate]["over_floor"]
+            return "yes" if ours["p99"] <= limit else "no"
+
+        out += ["", "B3BG targets of issue 13 (evaluated, not asserted)"]
+        rows = [("load", "ours p99 ms", "tuned p99 ms", "floor p99 ms", "ours - floor p99 ms", "target", "met")]
+        for rate, by_peer in b3bg.items():
+            ours, tuned, floor = (by_peer[peer] for peer in ("ours", "tuned", "floor"))
+            rows.append((f"{rate:,} msg/s", *(f"{r['p99']:,.1f}" if r.get("kept_up", True) else "behind"
+                                              for r in (ours, tuned, floor)),
+                         f"{ours['p99'] - floor['p99']:+,.1f}" if ours["kept_up"] else "", target(rate), met(rate)))
+        return out + table(rows)
 
     # B4 ----------------------------------------------------------------------
 
@@ -1019,15 +1238,25 @@ class Bench:
 
     # B7 ----------------------------------------------------------------------
 
-    def standby_slots(self, value):
-        """Set outbox.synchronized_standby_slots for the server, and wait
-        until a new session has it: the postmaster has read the file, and
-        signalled the worker, which reads it at once; the load's warm-up, not
-        counted, follows."""
-        self.db.run("ALTER SYSTEM SET outbox.synchronized_standby_slots = %s", (value,))
+    def reload_setting(self, name, value, shown=None):
+        """ALTER SYSTEM SET a setting to value (RESET it if value is None),
+        reload, and wait until a new session shows it as shown (the value, by
+        default; current_setting()'s text): the postmaster has read the file
+        and signalled its children (the worker, the checkpointer, the
+        autovacuum launcher), which read it at once."""
+        if value is None:
+            self.db.run(f"ALTER SYSTEM RESET {name}")
+        else:
+            self.db.run(f"ALTER SYSTEM SET {name} = %s", (value,))
         self.db.run("SELECT pg_reload_conf()")
-        wait_until(f"B7: outbox.synchronized_standby_slots = '{value}'", lambda: Database(self.args.dsn).value(
-            "SELECT setting FROM pg_settings WHERE name = 'outbox.synchronized_standby_slots'") == value, 10)
+        shown = value if shown is None else shown
+        wait_until(f"{name} = '{shown}'", lambda: Database(self.args.dsn).value(
+            "SELECT current_setting(%s)", (name,)) == shown, 10)
+
+    def standby_slots(self, value):
+        """Set outbox.synchronized_standby_slots for the server; the load's
+        warm-up, not counted, follows."""
+        self.reload_setting("outbox.synchronized_standby_slots", value)
 
     def b7(self):
         standby = Standby(self.args, self.db, B7["slot"])
@@ -1136,9 +1365,15 @@ class Bench:
             drains = ", ".join(f"{n:,} at {rate:,.0f} msg/s" for n, rate in self.results["b1_drains"])
             out.append(f"  after each paused run, the worker published the messages that waited: {drains}"
                        + (f" (B2: {b2['rate']['ours']:,.0f} msg/s)" if b2 else ""))
+        b1r = self.results.get("b1r")
+        if b1r:
+            out += self.b1r_report(b1r)
         b1b = self.results.get("b1b")
         if b1b:
             out += self.b1b_report(b1b)
+        b3bg = self.results.get("b3bg")
+        if b3bg:
+            out += self.b3bg_report(b3bg)
         b4 = self.results.get("b4")
         if b4:
             out += ["", f"B4 soak: {SOAK['seconds'] // 60} minutes at {SOAK['rate']:,} msg/s, outbox_enqueue"]
@@ -1360,12 +1595,15 @@ def main():
     bench.kafka.create_topics(["crm.sync", "coupon.welcome"]
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
+                              + [f"bench.b3bg.{p}.{r}" for p in B3BG_PEERS + ("floor",) for r in B3_RATES]
                               + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
                               + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
+            "B1R": ("B1R enqueue at fixed rates", bench.b1r),
             "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
+            "B3BG": ("B3BG latency under background activity", bench.b3bg),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
