@@ -125,12 +125,18 @@ B3_RATES = {1000: 1, 10000: 10}
 # checkpoint begins in its middle (after a CHECKPOINT of the bench's, which
 # restarts the timer): its writes, and the full-page images of the first
 # change to each page after it.  Both settings are restored at the end.
+# The p99 is also cut in two: the messages enqueued in the "after_checkpoint"
+# seconds after the checkpoint began, when most changes write a full page,
+# and the others.
 B3BG = {"rows": 1_000_000, "tps": 2000, "lead": 2, "lag": 2, "checkpoint_timeout": 30,
-        "autovacuum_naptime": 5}
+        "autovacuum_naptime": 5, "after_checkpoint": 5}
 B3BG_PEERS = ("ours", "tuned")
 B3BG_UPDATE = "\\set id random(1, {rows})\nUPDATE bg_account SET balance = balance + 1 WHERE id = :id;\n"
 # What ran during a B3BG load, in the order BACKGROUND_ACTIVITY reads it.
 BACKGROUND_COUNTS = ("checkpoints", "checkpoint buffers", "autovacuums", "autoanalyzes")
+# And how much of the load's time some task of the machine (the bench's or
+# another's) waited for a CPU, or for I/O: /proc/pressure's "some".
+PRESSURE = {"cpu": "CPU pressure %", "io": "I/O pressure %"}
 BACKGROUND_ACTIVITY = """
     SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint, autovacuum_count, autoanalyze_count
       FROM pg_stat_bgwriter, pg_stat_user_tables WHERE relid = 'bg_account'::regclass"""
@@ -401,6 +407,17 @@ def cpu_seconds(pids):
         # utime, stime, cutime, cstime: fields 14 to 17
         total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def stalled_microseconds(resource):
+    """Microseconds in which some task of the machine waited for the
+    resource ("cpu", "io"), since boot, by the kernel's pressure stall
+    information; None without it."""
+    try:
+        with open(f"/proc/pressure/{resource}") as pressure:
+            return int(pressure.readline().split("total=")[1])      # the first line: "some"
+    except FileNotFoundError:
+        return None
 
 
 def children(pid):
@@ -882,7 +899,8 @@ class Bench:
         consumer of its own; then up to the grace for their messages.  Per
         load: msg/s committed and delivered, whether its database kept up,
         and the latencies of the messages enqueued after the warm-up
-        ("latencies", and their percentiles)."""
+        ("latencies", and their percentiles); "consumer", whose latencies()
+        cuts them by other windows, and "from", the warm-up's end, epoch ms."""
         consumers = [LatencyConsumer(self.kafka, topic) for _, _, topic, _, _ in loads]
         for consumer in consumers:
             consumer.start()
@@ -922,7 +940,8 @@ class Bench:
             results.append({"messages": n, "committed": load["tps"] * per_transaction,
                             "delivered": received / elapsed,
                             "kept_up": backlog[key] <= offered[key], "backlog": backlog[key],
-                            "latencies": latencies, **(percentiles(latencies) or {})})
+                            "latencies": latencies, **(percentiles(latencies) or {}),
+                            "consumer": consumer, "from": begin + warmup * 1000})
         return results
 
     def latency_run(self, peer, rate, part="B3", background=contextlib.nullcontext):
@@ -959,7 +978,7 @@ class Bench:
         stats = percentiles(consumer.latencies(enqueued_after=begin + WARMUP * 1000))
         progress("%s floor at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms"
                  % (part, rate, stats["p50"], stats["p99"], stats["max"]))
-        return {**stats, "background": activity}
+        return {**stats, "background": activity, "consumer": consumer, "from": begin + WARMUP * 1000}
 
     def b3(self):
         self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
@@ -987,10 +1006,28 @@ class Bench:
                 for peer in B3BG_PEERS:
                     result[rate][peer] = self.latency_run(peer, rate, "B3BG", self.background)
                 result[rate]["floor"] = self.floor_run(rate, "B3BG", self.background)
+                for peer, run in result[rate].items():
+                    run.update(self.around_checkpoint(run))
+                    progress(f"B3BG {peer} at {rate}/s: p99 %(checkpoint_p99).1f ms in the"
+                             f" {B3BG['after_checkpoint']} s after the checkpoint began,"
+                             " %(other_p99).1f ms otherwise" % run)
         finally:
             for name in settings:
                 self.reload_setting(name, None, configured[name])
         self.results["b3bg"] = result
+
+    @staticmethod
+    def around_checkpoint(run):
+        """The p99 of a B3BG run's messages enqueued in the B3BG["after_checkpoint"]
+        seconds after the timed checkpoint began, and of the others."""
+        began = run["background"]["checkpoint_began"]
+        ended = began + B3BG["after_checkpoint"] * 1000
+        consumer = run["consumer"]
+        after = consumer.latencies(enqueued_after=began, enqueued_before=ended)
+        other = sorted(consumer.latencies(enqueued_after=run["from"], enqueued_before=began)
+                       + consumer.latencies(enqueued_after=ended))
+        return {"checkpoint_p99": (percentiles(after) or {}).get("p99", math.nan),
+                "other_p99": (percentiles(other) or {}).get("p99", math.nan)}
 
     @contextlib.contextmanager
     def background(self):
@@ -998,26 +1035,39 @@ class Bench:
         bg_account, begun B3BG["lead"] s before it and ended B3BG["lag"] s
         after, and a timed checkpoint that begins in its middle: a CHECKPOINT
         restarts checkpoint_timeout's timer, then the load waits.  Yields a
-        dict, filled once the updates ended: their TPS, and what the
-        BACKGROUND_ACTIVITY counters counted from the load's start to its end."""
+        dict, filled once the updates ended: their TPS, what the
+        BACKGROUND_ACTIVITY counters counted from the load's start to its end,
+        and when the timed checkpoint was due to begin, epoch ms (the
+        checkpointer counts in whole seconds: within a second of it)."""
         load_seconds = WARMUP + self.size["b3_seconds"]
         self.db.run("CHECKPOINT")
         timer = time.monotonic()
+        checkpoint_began = (time.time() + B3BG["checkpoint_timeout"]) * 1000
         time.sleep(max(0.0, timer + B3BG["checkpoint_timeout"] - load_seconds / 2 - B3BG["lead"]
                        - time.monotonic()))
         updates = self.pgbench(B3BG_UPDATE.format(rows=B3BG["rows"]),
                                B3BG["lead"] + load_seconds + B3BG["lag"], rate=B3BG["tps"], background=True)
         time.sleep(B3BG["lead"])
         before = self.db.run(BACKGROUND_ACTIVITY)[0]
+        stalled = {resource: stalled_microseconds(resource) for resource in PRESSURE}
+        began = time.monotonic()
         activity = {}
         try:
             yield activity
             after = self.db.run(BACKGROUND_ACTIVITY)[0]
+            elapsed = time.monotonic() - began
+            for resource, name in PRESSURE.items():
+                since = stalled[resource]
+                activity[name] = (None if since is None
+                                  else (stalled_microseconds(resource) - since) * 100 / (elapsed * 1e6))
         finally:
             tps = self.finish_pgbench(updates)["tps"]
-        activity.update(zip(BACKGROUND_COUNTS, (a - b for a, b in zip(after, before))), tps=tps)
+        activity.update(zip(BACKGROUND_COUNTS, (a - b for a, b in zip(after, before))), tps=tps,
+                        checkpoint_began=checkpoint_began)
         progress(f"B3BG background: {tps:,.0f} TPS of updates; during the load "
-                 + ", ".join(f"{activity[count]:,} {count}" for count in BACKGROUND_COUNTS))
+                 + ", ".join(f"{activity[count]:,} {count}" for count in BACKGROUND_COUNTS)
+                 + "".join(f", {name} {activity[name]:.0f}" for name in PRESSURE.values()
+                           if activity[name] is not None))
 
     def b3bg_report(self, b3bg):
         seconds = self.size["b3_seconds"]
@@ -1027,21 +1077,29 @@ class Bench:
                    f" {B3BG['lag']} s after; checkpoint_timeout {B3BG['checkpoint_timeout']} s, a timed"
                    " checkpoint begun in the load's middle; autovacuum_naptime"
                    f" {B3BG['autovacuum_naptime']} s, bg_account's autovacuum thresholds 10,000 rows"]
-        rows = [("load", "p50 ms", "p99 ms", "max ms", "committed / delivered msg/s", "background TPS",
-                 *BACKGROUND_COUNTS)]
+        rows = [("load", "p50 ms", "p99 ms", "max ms", f"p99 ms, {B3BG['after_checkpoint']} s after checkpoint",
+                 "p99 ms, other", "committed / delivered msg/s", "background TPS", *BACKGROUND_COUNTS,
+                 *PRESSURE.values())]
         for rate, by_peer in b3bg.items():
             for peer in (*B3BG_PEERS, "floor"):
                 result, activity = by_peer[peer], by_peer[peer]["background"]
                 behind = not result.get("kept_up", True)
                 rows.append((f"{rate:,} msg/s: {peer}",
-                             *("behind" if behind else f"{result[stat]:,.1f}" for stat in ("p50", "p99", "max")),
+                             *("behind" if behind else f"{result[stat]:,.1f}"
+                               for stat in ("p50", "p99", "max", "checkpoint_p99", "other_p99")),
                              f"{result['committed']:,.0f} / {result['delivered']:,.0f}" if peer != "floor" else "",
-                             f"{activity['tps']:,.0f}", *(f"{activity[count]:,}" for count in BACKGROUND_COUNTS)))
+                             f"{activity['tps']:,.0f}", *(f"{activity[count]:,}" for count in BACKGROUND_COUNTS),
+                             *("-" if activity[name] is None else f"{activity[name]:.0f}"
+                               for name in PRESSURE.values())))
         out += table(rows)
-        out.append("  floor: floor.py produces straight to Kafka, no database, the same consumer; background"
-                   " TPS: the updates' (offered: %s); checkpoints (timed and requested), the buffers they wrote,"
-                   " autovacuums and autoanalyzes of bg_account: counted from the load's start to its end"
-                   % f"{B3BG['tps']:,}")
+        out.append("  floor: floor.py produces straight to Kafka, no database, the same consumer; p99 after"
+                   " checkpoint: of the messages enqueued in the %d s after the timed checkpoint began (due"
+                   " checkpoint_timeout after a CHECKPOINT), other: of the rest; background TPS: the updates'"
+                   " (offered: %s); checkpoints (timed and requested), the buffers they wrote, autovacuums and"
+                   " autoanalyzes of bg_account: counted from the load's start to its end; CPU and I/O"
+                   " pressure: the share of the load's time in which some task of the machine, the bench's or"
+                   " another's, waited for a CPU or for I/O (/proc/pressure)"
+                   % (B3BG["after_checkpoint"], f"{B3BG['tps']:,}"))
 
         def target(rate):
             if "over_floor" in B3BG_TARGETS[rate]:
