@@ -231,6 +231,9 @@ B1_VARIANTS = {
 # reported as not reached.
 B1R = {"rates": (1000, 7000), "reached": 0.95}
 B1R_VARIANTS = {"ours": B1_PUBLISHING, "tuned": B1_TUNED}
+# What publishes, in two: the PostgreSQL backend that claims and deletes,
+# and the process that produces to Kafka.
+PUBLISHER_SIDES = ("backend", "producer")
 
 
 def b1_script(statements):
@@ -448,8 +451,13 @@ class Worker:
 
     def pids(self):
         """The worker and its Kafka process (outbox_kafka), which runs librdkafka."""
-        workers = [pid for pid, _, _ in self.rows() if pid]
-        return workers + [child for pid in workers for child in children(pid)]
+        return self.backend_pids() + self.kafka_pids()
+
+    def backend_pids(self):
+        return [pid for pid, _, _ in self.rows() if pid]
+
+    def kafka_pids(self):
+        return [child for pid in self.backend_pids() for child in children(pid)]
 
     def published(self):
         return sum(published for _, _, published in self.rows())
@@ -487,7 +495,10 @@ class Peer:
 
     def pids(self, db):
         """The poller's process and its backend."""
-        return [self.process.pid] + [pid for pid, in db.run(
+        return [self.process.pid] + self.backend_pids(db)
+
+    def backend_pids(self, db):
+        return [pid for pid, in db.run(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"peers.py {self.kind}",))]
 
     def stop(self):
@@ -753,7 +764,8 @@ class Bench:
             for name, script in scripts.items():
                 if name == B1_PAUSED:
                     self.worker.pause()
-                poller, publisher = self.start_publisher(name)
+                poller, sides = self.start_publisher(name)
+                publisher = [pid for side in PUBLISHER_SIDES for pid in sides[side]]
                 before = cpu_seconds(publisher)
                 tps[name].append(self.pgbench(script, self.size["b1_seconds"])["tps"])
                 cpu[name] += cpu_seconds(publisher) - before
@@ -772,16 +784,17 @@ class Bench:
     def start_publisher(self, variant):
         """B1 and B1R: what publishes a variant's messages while its load
         runs, and whose CPU is counted: (the tuned poller, started for it, or
-        None; the pids of the poller and its backend, or of our worker and
-        its Kafka process, or none)."""
+        None; {side: pids}, the sides of PUBLISHER_SIDES: our worker, a
+        backend, and its Kafka process, or the tuned poller's backend and the
+        poller's own process; none for the other variants)."""
         if variant == B1_TUNED:
             poller = Peer("tuned", self.args)
-            return poller, poller.pids(self.db)
+            return poller, {"backend": poller.backend_pids(self.db), "producer": [poller.process.pid]}
         if variant == B1_PUBLISHING:
             # After a pause the worker starts its Kafka process anew: count it from the start.
-            wait_until("the worker and its Kafka process", lambda: len(self.worker.pids()) >= 2, 30)
-            return None, self.worker.pids()
-        return None, []
+            wait_until("the worker and its Kafka process", lambda: self.worker.kafka_pids(), 30)
+            return None, {"backend": self.worker.backend_pids(), "producer": self.worker.kafka_pids()}
+        return None, {side: [] for side in PUBLISHER_SIDES}
 
     def wait_table_drained(self, peer, what, timeout=300):
         wait_until(f"{what}: {TABLE[peer]} drained", lambda: self.db.value(BACKLOG[peer]) == 0, timeout, 0.2)
@@ -793,19 +806,24 @@ class Bench:
         publishes, from the load's start until its table is empty again, so
         that the messages left at the load's end are counted with theirs."""
         per_transaction = len(B1_MESSAGES)
-        result = {rate: {peer: {"messages": 0, "cpu": 0.0, "seconds": 0.0, "committed": []}
+        result = {rate: {peer: {"messages": 0, "cpu": dict.fromkeys(PUBLISHER_SIDES, 0.0), "seconds": 0.0,
+                                "committed": []}
                          for peer in B1R_VARIANTS} for rate in B1R["rates"]}
         for rate in B1R["rates"]:
             for round_ in range(self.size["b1_rounds"]):
                 for peer, variant in B1R_VARIANTS.items():
-                    poller, publisher = self.start_publisher(variant)
-                    before, began = cpu_seconds(publisher), time.monotonic()
+                    poller, sides = self.start_publisher(variant)
+                    before = {side: cpu_seconds(pids) for side, pids in sides.items()}
+                    began = time.monotonic()
                     figures = self.pgbench(b1_script(B1_VARIANTS[variant]), self.size["b1_seconds"],
                                            rate=rate // per_transaction)
                     self.wait_table_drained(peer, f"B1R {peer} at {rate}/s")
                     run = result[rate][peer]
-                    cpu = cpu_seconds(publisher) - before
-                    run["cpu"] += cpu
+                    cpu = 0.0
+                    for side, pids in sides.items():
+                        used = cpu_seconds(pids) - before[side]
+                        run["cpu"][side] += used
+                        cpu += used
                     run["seconds"] += time.monotonic() - began
                     run["messages"] += figures["processed"] * per_transaction
                     run["committed"].append(figures["tps"] * per_transaction)
@@ -822,22 +840,27 @@ class Bench:
                    f" {self.size['b1_rounds']} round(s) of {self.size['b1_seconds']} s per publisher and rate,"
                    " in turn"]
         rows = [("offered", "committed msg/s", "reached", "messages", "publisher CPU, cores",
-                 "CPU per message, us", "ours/tuned")]
+                 "CPU per message, us", "of which backend", "of which producer", "ours/tuned")]
         short = False
         for rate, by_peer in b1r.items():
-            per_message = {peer: run["cpu"] * 1e6 / run["messages"] for peer, run in by_peer.items()}
+            per_message = {peer: {side: cpu * 1e6 / run["messages"] for side, cpu in run["cpu"].items()}
+                           for peer, run in by_peer.items()}
+            total = {peer: sum(sides.values()) for peer, sides in per_message.items()}
             for peer, run in by_peer.items():
                 committed = sum(run["committed"]) / len(run["committed"])
                 reached = committed >= B1R["reached"] * rate
                 short = short or not reached
                 rows.append((f"{rate:,} msg/s: {B1R_VARIANTS[peer]}", f"{committed:,.0f}",
                              "yes" if reached else f"no ({committed / rate:.3f})", f"{run['messages']:,}",
-                             f"{run['cpu'] / run['seconds']:.2f}", f"{per_message[peer]:,.1f}",
-                             f"{per_message['ours'] / per_message['tuned']:.2f}" if peer == "ours" else ""))
+                             f"{sum(run['cpu'].values()) / run['seconds']:.2f}", f"{total[peer]:,.1f}",
+                             *(f"{per_message[peer][side]:,.1f}" for side in PUBLISHER_SIDES),
+                             f"{total['ours'] / total['tuned']:.2f}" if peer == "ours" else ""))
         out += table(rows)
         out.append("  publisher CPU: our worker's and its Kafka process's, or the tuned poller's and its"
                    " backend's, from the load's start until its table is empty; per message: over the"
-                   " messages committed; ours/tuned: CPU per message")
+                   " messages committed; backend: our worker (its SQL, its wakes), or the tuned poller's"
+                   " backend; producer: our Kafka process (librdkafka), or the tuned poller's own (Python,"
+                   " psycopg2 and librdkafka); ours/tuned: CPU per message")
         if short:
             out.append(f"  reached: committed at least {B1R['reached']} of the offered rate; where not (the"
                        " fraction committed), pgbench fell behind its schedule: the machine could not commit"
@@ -994,6 +1017,9 @@ class Bench:
         self.db.run("INSERT INTO bg_account SELECT i, 0, repeat('x', 100)"
                     f" FROM generate_series(1, {B3BG['rows']}) i")
         self.db.run("VACUUM ANALYZE bg_account")
+        # Its autovacuum settings, from schema.sql, for the report.
+        self.results["b3bg_reloptions"] = self.db.value(
+            "SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = 'bg_account'::regclass")
         settings = {"checkpoint_timeout": f"{B3BG['checkpoint_timeout']}s",
                     "autovacuum_naptime": f"{B3BG['autovacuum_naptime']}s"}
         configured = {name: self.db.value("SELECT current_setting(%s)", (name,)) for name in settings}
@@ -1069,14 +1095,14 @@ class Bench:
                  + "".join(f", {name} {activity[name]:.0f}" for name in PRESSURE.values()
                            if activity[name] is not None))
 
-    def b3bg_report(self, b3bg):
+    def b3bg_report(self, b3bg, reloptions):
         seconds = self.size["b3_seconds"]
         out = ["", f"B3BG latency under background activity: B3's loads (pgbench -R, {seconds} s after"
                    f" {WARMUP:.0f} s of warm-up) while a second pgbench updates random rows of bg_account"
                    f" ({B3BG['rows']:,} rows) at {B3BG['tps']:,} TPS, from {B3BG['lead']} s before each load to"
                    f" {B3BG['lag']} s after; checkpoint_timeout {B3BG['checkpoint_timeout']} s, a timed"
                    " checkpoint begun in the load's middle; autovacuum_naptime"
-                   f" {B3BG['autovacuum_naptime']} s, bg_account's autovacuum thresholds 10,000 rows"]
+                   f" {B3BG['autovacuum_naptime']} s, bg_account's own {reloptions}"]
         rows = [("load", "p50 ms", "p99 ms", "max ms", f"p99 ms, {B3BG['after_checkpoint']} s after checkpoint",
                  "p99 ms, other", "committed / delivered msg/s", "background TPS", *BACKGROUND_COUNTS,
                  *PRESSURE.values())]
@@ -1431,7 +1457,7 @@ class Bench:
             out += self.b1b_report(b1b)
         b3bg = self.results.get("b3bg")
         if b3bg:
-            out += self.b3bg_report(b3bg)
+            out += self.b3bg_report(b3bg, self.results["b3bg_reloptions"])
         b4 = self.results.get("b4")
         if b4:
             out += ["", f"B4 soak: {SOAK['seconds'] // 60} minutes at {SOAK['rate']:,} msg/s, outbox_enqueue"]
