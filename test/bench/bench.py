@@ -803,8 +803,9 @@ class Bench:
         """B1's transaction at fixed rates, ours and the tuned poller in turn
         at each rate, in rounds.  Per rate and publisher: messages committed,
         msg/s committed (the mean of the rounds), and the CPU of what
-        publishes, from the load's start until its table is empty again, so
-        that the messages left at the load's end are counted with theirs."""
+        publishes, by side (PUBLISHER_SIDES), from the load's start until its
+        table is empty again, so that the messages left at the load's end are
+        counted with theirs."""
         per_transaction = len(B1_MESSAGES)
         result = {rate: {peer: {"messages": 0, "cpu": dict.fromkeys(PUBLISHER_SIDES, 0.0), "seconds": 0.0,
                                 "committed": []}
