@@ -229,8 +229,12 @@ B1_VARIANTS = {
 # flat out.  7,000 msg/s is about what B1 commits flat out with the worker
 # publishing; a rate committed at less than "reached" of the offered is
 # reported as not reached.
+# Our worker also runs with outbox.max_wake_delay at 0, so that every turn
+# starts at once: what coalescing the wakes saves.
 B1R = {"rates": (1000, 7000), "reached": 0.95}
-B1R_VARIANTS = {"ours": B1_PUBLISHING, "tuned": B1_TUNED}
+B1R_VARIANTS = {"ours": (B1_PUBLISHING, {}),
+                "ours, wakes not coalesced": (B1_PUBLISHING, {"outbox.max_wake_delay": "0"}),
+                "tuned": (B1_TUNED, {})}
 # What publishes, in two: the PostgreSQL backend that claims and deletes,
 # and the process that produces to Kafka.
 PUBLISHER_SIDES = ("backend", "producer")
@@ -472,6 +476,12 @@ class Worker:
     def resume(self):
         self.db.run("ALTER SYSTEM RESET outbox.brokers")
         self.db.run("SELECT pg_reload_conf()")
+
+    def wait_reachable(self):
+        """After resume(), until the worker has its producer and reaches the
+        brokers, so that the part that follows does not measure the wait."""
+        wait_until("worker reaching the brokers", lambda: all(
+            state != "waiting for brokers" for _, state, _ in self.rows()), 30)
 
     def wait_drained(self, timeout):
         wait_until("outbox drained", lambda: self.db.value(BACKLOG["ours"]) == 0, timeout, 0.2)
@@ -812,13 +822,20 @@ class Bench:
                          for peer in B1R_VARIANTS} for rate in B1R["rates"]}
         for rate in B1R["rates"]:
             for round_ in range(self.size["b1_rounds"]):
-                for peer, variant in B1R_VARIANTS.items():
+                for peer, (variant, settings) in B1R_VARIANTS.items():
+                    table_of = "tuned" if variant == B1_TUNED else "ours"
+                    configured = {name: self.db.value("SELECT current_setting(%s)", (name,))
+                                  for name in settings}
+                    for name, value in settings.items():
+                        self.reload_setting(name, value)
                     poller, sides = self.start_publisher(variant)
                     before = {side: cpu_seconds(pids) for side, pids in sides.items()}
                     began = time.monotonic()
                     figures = self.pgbench(b1_script(B1_VARIANTS[variant]), self.size["b1_seconds"],
                                            rate=rate // per_transaction)
-                    self.wait_table_drained(peer, f"B1R {peer} at {rate}/s")
+                    self.wait_table_drained(table_of, f"B1R {peer} at {rate}/s")
+                    for name in settings:
+                        self.reload_setting(name, None, configured[name])
                     run = result[rate][peer]
                     cpu = 0.0
                     for side, pids in sides.items():
@@ -830,7 +847,7 @@ class Bench:
                     run["committed"].append(figures["tps"] * per_transaction)
                     if poller:
                         poller.stop()
-                    progress(f"B1R round {round_ + 1} at {rate:,} msg/s: {variant}:"
+                    progress(f"B1R round {round_ + 1} at {rate:,} msg/s: {peer}:"
                              f" {run['committed'][-1]:,.0f} msg/s committed,"
                              f" {cpu * 1e6 / (figures['processed'] * per_transaction):,.1f} us of CPU per message")
                     self.clean()
@@ -851,12 +868,14 @@ class Bench:
                 committed = sum(run["committed"]) / len(run["committed"])
                 reached = committed >= B1R["reached"] * rate
                 short = short or not reached
-                rows.append((f"{rate:,} msg/s: {B1R_VARIANTS[peer]}", f"{committed:,.0f}",
+                rows.append((f"{rate:,} msg/s: {peer}", f"{committed:,.0f}",
                              "yes" if reached else f"no ({committed / rate:.3f})", f"{run['messages']:,}",
                              f"{sum(run['cpu'].values()) / run['seconds']:.2f}", f"{total[peer]:,.1f}",
                              *(f"{per_message[peer][side]:,.1f}" for side in PUBLISHER_SIDES),
-                             f"{total['ours'] / total['tuned']:.2f}" if peer == "ours" else ""))
+                             f"{total[peer] / total['tuned']:.2f}" if peer != "tuned" else ""))
         out += table(rows)
+        out.append("  ours: 2 x outbox_enqueue, the worker publishing (wakes not coalesced:"
+                   " outbox.max_wake_delay = 0); tuned: 2 x INSERT, the tuned poller publishing")
         out.append("  publisher CPU: our worker's and its Kafka process's, or the tuned poller's and its"
                    " backend's, from the load's start until its table is empty; per message: over the"
                    " messages committed; backend: our worker (its SQL, its wakes), or the tuned poller's"
@@ -887,6 +906,7 @@ class Bench:
                     self.db.run("TRUNCATE outbox_message, plain_message")
         finally:
             self.worker.resume()
+        self.worker.wait_reachable()
         self.results["b1b"] = {way: sum(values) / len(values) for way, values in rates.items()}
         self.clean()
 
