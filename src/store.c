@@ -266,7 +266,10 @@ static TimestampTz claim_floor_rescanned_at = 0;
  * When the next retry is due, as store_ms_until_next_retry() last found;
  * 0 when not known, DT_NOEND when none waits.  The claim asks for the
  * retries below the floor only once one is due: the in-flight ids it
- * leaves out cost milliseconds to plan.
+ * leaves out cost milliseconds to plan.  It is asked again only once that
+ * time has come, or the worker scheduled retries, or at the claim floor's
+ * rescan (a row restored as retrying tells the worker nothing more), not
+ * at every turn that drains the outbox.
  */
 static TimestampTz next_retry_at = 0;
 static bool prepared_looked_for = false;
@@ -663,6 +666,7 @@ claim_floor_for_claim(bool *known)
 	if (now >= TimestampTzPlusMilliseconds(claim_floor_rescanned_at, outbox_poll_interval))
 	{
 		claim_floor_known = false;
+		next_retry_at = 0;
 		claim_floor_rescanned_at = now;
 	}
 	store_lower_claim_floor(worker_take_claim_floor_request());
@@ -1090,9 +1094,16 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 long
 store_ms_until_next_retry(void)
 {
+	TimestampTz now = GetCurrentTimestamp();
 	bool		isnull;
 	Datum		d;
 	int64		ms;
+
+	/* as last found, until it comes (see next_retry_at) */
+	if (next_retry_at == DT_NOEND)
+		return -1;
+	if (next_retry_at > now)
+		return TimestampDifferenceMilliseconds(now, next_retry_at);
 
 	run(STMT_NEXT_RETRY, NULL, SPI_OK_SELECT);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -1102,6 +1113,6 @@ store_ms_until_next_retry(void)
 		return -1;
 	}
 	ms = Max(DatumGetInt64(d), 0);
-	next_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+	next_retry_at = TimestampTzPlusMilliseconds(now, ms);
 	return (long) ms;
 }
