@@ -208,11 +208,13 @@ B1_MESSAGES = [
      "NULL"),
 ]
 # Seconds of B1's transaction published by the worker, unmeasured, before
-# the rounds: run first (BENCH_ONLY=B1, a broker that had served no produce
-# request yet: its JVM still compiling, we think), the worker's variant of
-# the first round had 0.66 of the plain INSERT's TPS, against 0.86 to 0.88
-# in the next two.
-B1_WARMUP = 5
+# the rounds.  Run first (BENCH_ONLY=B1), on a broker that had served no
+# produce request yet, the worker's variant of the first round had 0.66 to
+# 0.71 of the plain INSERT's TPS, against 0.86 to 0.88 in the next rounds:
+# the broker's CPU, sampled every second, was 0.5 cores during it and 0.24
+# during the next round's (its JVM still compiling, we think; the full run
+# warms it with B2 first).
+B1_WARMUP = 15
 B1_PLAIN = "2 x plain INSERT, outbox-like table"
 B1_PUBLISHING = "2 x outbox_enqueue, worker publishing"
 B1_PAUSED = "2 x outbox_enqueue, worker paused"
