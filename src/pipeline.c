@@ -16,11 +16,12 @@
  * until the next turn.  The commit does not wait for its WAL flush, but no
  * batch is produced before the worker's last commit is flushed
  * (make_last_commit_durable()).  So at most one batch is acknowledged and
- * not yet durably recorded, the most a crash can publish twice.  With nothing in flight,
- * the claimed batch is produced before the commit; a partial one (one that
- * neither outbox.batch_size nor outbox.max_batch_bytes cut short) is also
- * settled in that transaction, which spares a second transaction per wake
- * when messages come a few at a time.  Not so under
+ * not yet durably recorded, the most a crash can publish twice.  With
+ * nothing in flight, the claimed batch is produced before the commit; a
+ * partial one (one that neither outbox.batch_size nor
+ * outbox.max_batch_bytes cut short) is also settled in that transaction,
+ * which spares a second transaction per wake when messages come a few at a
+ * time.  Not so under
  * outbox.synchronized_standby_slots: then every batch is produced after the
  * commit, once the standbys have flushed it (standby_slots.c), a wait that
  * holds no transaction open.  Its position is the later of the insert

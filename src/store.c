@@ -683,12 +683,10 @@ claim_floor_for_claim(bool *known)
 	return floor;
 }
 
-/* May a retry be due now? */
+/* May a retry be due now?  Asks the table only when one may be. */
 static bool
 retry_may_be_due(void)
 {
-	if (GetCurrentTimestamp() < next_retry_at)
-		return false;
 	return store_ms_until_next_retry() == 0;
 }
 
