@@ -36,6 +36,43 @@
  * message of a (topic, key) cannot be handed to librdkafka, the later ones
  * of that key are not produced either, and reported DELIVERY_STATUS_HELD.
  *
+ * A consuming worker (the inbox) starts one Kafka process per subscription,
+ * whose first frame is CONFIGURE_CONSUMER instead: it makes a consumer, not
+ * a producer.  The consumer joins no group and commits no offset to Kafka:
+ * the worker keeps the offsets in its database, committed with the effects
+ * of the messages, and says where to start.
+ *
+ *	worker -> Kafka process (consumer)
+ *	  CONFIGURE_CONSUMER  count, count x (name, value): the first frame, once
+ *	  ASSIGN      start_ms, topic count, topic count x topic,
+ *	              position count, position count x (topic, partition,
+ *	              next_offset): read every partition of these topics, each
+ *	              from its position if listed, else from start_ms: -2 for
+ *	              its first message (earliest), else the first message
+ *	              stamped at or after start_ms (rd_kafka_offsets_for_times;
+ *	              the end of the partition if there is none).  Partitions
+ *	              the topics gain later are read from the same start.  Sent
+ *	              once, after READY.
+ *	  FETCH       max_messages, max_bytes: the worker is ready for the next
+ *	              MESSAGES frame.  At most one FETCH is outstanding.
+ *	  (end of file: close the consumer and exit)
+ *
+ *	Kafka process (consumer) -> worker
+ *	  READY, FAILED, LOG, ERROR   as for a producer
+ *	  ASSIGNED    count x (topic, partition, next_offset, high_watermark):
+ *	              the partitions it reads and where it starts, once a
+ *	              topic's partitions are known and again when it gains some
+ *	  MESSAGES    count x (topic, partition, offset, timestamp_ms, key,
+ *	              value, header count, header count x (name, value)),
+ *	              then watermark count x (topic, partition, high_watermark)
+ *	              for the partitions of those messages: the answer to a
+ *	              FETCH, sent once at least one message is there, at most
+ *	              max_messages and, but for its first message, max_bytes of
+ *	              keys and values; in each partition's order
+ *	  CONSUME_ERROR  topic, partition, error, reason: a partition (or, with
+ *	              partition -1, a topic) cannot be read for now, such as a
+ *	              topic that does not exist; it is tried again
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_KAFKA_WIRE_H
@@ -71,8 +108,17 @@ typedef enum WireFrameType
 	WIRE_DELIVERY,
 	WIRE_LOG,
 	WIRE_ERROR,
-	WIRE_METADATA_REPLY
+	WIRE_METADATA_REPLY,
+	WIRE_CONFIGURE_CONSUMER,
+	WIRE_ASSIGN,
+	WIRE_FETCH,
+	WIRE_ASSIGNED,
+	WIRE_MESSAGES,
+	WIRE_CONSUME_ERROR
 } WireFrameType;
+
+/* ASSIGN's start_ms for "each partition's first message". */
+#define WIRE_START_EARLIEST ((int64_t) -2)
 
 /* What became of a message in librdkafka's hands (rd_kafka_msg_status_t and more). */
 typedef enum WireDeliveryStatus
