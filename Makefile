@@ -15,6 +15,7 @@ OBJS = \
 	src/publisher.o \
 	src/pipeline.o \
 	src/row_writer.o \
+	src/kafka_link.o \
 	src/producer.o \
 	src/store.o \
 	src/segment.o \
