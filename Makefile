@@ -25,9 +25,10 @@ OBJS = \
 	src/standby_slots.o \
 	src/worker_slot.o
 
-# librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c),
-# installed beside the module.
+# librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c
+# and its modes), installed beside the module.
 KAFKA_PROCESS = src/outbox_kafka
+KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c
 EXTRA_CLEAN = $(KAFKA_PROCESS)
 
 PG_CPPFLAGS = -I$(srcdir)/src
@@ -67,8 +68,8 @@ PROVE_FLAGS += -I $(srcdir)/test/perl --timer
 
 all: $(KAFKA_PROCESS)
 
-$(KAFKA_PROCESS): src/kafka_process.c src/kafka_wire.h
-	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src -o $@ $< -lrdkafka
+$(KAFKA_PROCESS): $(KAFKA_PROCESS_SRCS) src/kafka_process.h src/kafka_wire.h
+	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src -o $@ $(KAFKA_PROCESS_SRCS) -lrdkafka
 
 install: install-kafka-process
 
