@@ -28,7 +28,7 @@ OBJS = \
 # librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c
 # and its modes), installed beside the module.
 KAFKA_PROCESS = src/outbox_kafka
-KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c
+KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c src/kafka_consume.c
 EXTRA_CLEAN = $(KAFKA_PROCESS)
 
 PG_CPPFLAGS = -I$(srcdir)/src

@@ -53,6 +53,7 @@ typedef struct KafkaMode
 
 static const KafkaMode modes[] = {
 	{WIRE_CONFIGURE, configure_producer, serve_producer},
+	{WIRE_CONFIGURE_CONSUMER, configure_consumer, serve_consumer},
 };
 
 Buffer		to_worker;
@@ -107,6 +108,12 @@ put(const void *bytes, size_t len)
 	reserve(&to_worker, len);
 	memcpy(to_worker.data + to_worker.len, bytes, len);
 	to_worker.len += len;
+}
+
+void
+put_u32(uint32_t v)
+{
+	put(&v, sizeof(v));
 }
 
 void

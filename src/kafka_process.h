@@ -37,6 +37,7 @@ extern void die(const char *what) __attribute__((noreturn));
 extern int64_t now_ms(void);
 
 extern void put(const void *bytes, size_t len);
+extern void put_u32(uint32_t v);
 extern void put_i32(int32_t v);
 extern void put_i64(int64_t v);
 extern void put_string(const char *s);
@@ -63,5 +64,7 @@ extern void wait_for_work(int timeout_ms);
  */
 extern bool configure_producer(WireReader *r, char *reason, size_t reason_len);
 extern int	serve_producer(void);
+extern bool configure_consumer(WireReader *r, char *reason, size_t reason_len);
+extern int	serve_consumer(void);
 
 #endif							/* OUTBOX_KAFKA_PROCESS_H */

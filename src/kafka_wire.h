@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * kafka_wire.h
- *	  What the publishing worker and its Kafka process (outbox_kafka, made
- *	  from kafka_process.c) say to each other over their socket.
+ *	  What a worker, publishing or consuming, and its Kafka process
+ *	  (outbox_kafka, made from kafka_process.c and its modes) say to each
+ *	  other over their socket.
  *
  * librdkafka runs in a process of its own, a child of the worker that is no
  * child of the postmaster: a crash, an abort or runaway memory there costs
@@ -43,35 +44,55 @@
  * of the messages, and says where to start.
  *
  *	worker -> Kafka process (consumer)
- *	  CONFIGURE_CONSUMER  count, count x (name, value): the first frame, once
+ *	  CONFIGURE_CONSUMER  count, count x (name, value): the first frame,
+ *	              once.  The Kafka process sets group.id (a fixed one, which
+ *	              assign needs; no group is joined) and auto.offset.reset=
+ *	              earliest before these, and enable.auto.commit,
+ *	              enable.auto.offset.store, enable.partition.eof=false and
+ *	              log.queue=true after them
  *	  ASSIGN      start_ms, topic count, topic count x topic,
  *	              position count, position count x (topic, partition,
  *	              next_offset): read every partition of these topics, each
- *	              from its position if listed, else from start_ms: -2 for
+ *	              from its position if listed (a real offset; a negative
+ *	              one counts as not listed), else from start_ms: -2 for
  *	              its first message (earliest), else the first message
  *	              stamped at or after start_ms (rd_kafka_offsets_for_times;
  *	              the end of the partition if there is none).  Partitions
  *	              the topics gain later are read from the same start.  Sent
  *	              once, after READY.
  *	  FETCH       max_messages, max_bytes: the worker is ready for the next
- *	              MESSAGES frame.  At most one FETCH is outstanding.
+ *	              MESSAGES frame.  At most one FETCH is outstanding; a
+ *	              max_messages of 0 counts as 1.
  *	  (end of file: close the consumer and exit)
  *
  *	Kafka process (consumer) -> worker
  *	  READY, FAILED, LOG, ERROR   as for a producer
  *	  ASSIGNED    count x (topic, partition, next_offset, high_watermark):
- *	              the partitions it reads and where it starts, once a
- *	              topic's partitions are known and again when it gains some
+ *	              the partitions it reads and where it starts, a real
+ *	              offset, with a high watermark no lower; once a topic's
+ *	              partitions are known and again when it gains some (one
+ *	              frame per topic each time)
  *	  MESSAGES    count x (topic, partition, offset, timestamp_ms, key,
  *	              value, header count, header count x (name, value)),
  *	              then watermark count x (topic, partition, high_watermark)
  *	              for the partitions of those messages: the answer to a
  *	              FETCH, sent once at least one message is there, at most
  *	              max_messages and, but for its first message, max_bytes of
- *	              keys and values; in each partition's order
+ *	              keys and values; in each partition's order.  A key, value
+ *	              or header value may be NULL; timestamp_ms is -1 if the
+ *	              message has none, a high_watermark -1001 if librdkafka
+ *	              has none yet
  *	  CONSUME_ERROR  topic, partition, error, reason: a partition (or, with
  *	              partition -1, a topic) cannot be read for now, such as a
- *	              topic that does not exist; it is tried again
+ *	              topic that does not exist; it is tried again.  A topic's
+ *	              is sent when its error changes, not at each try.  An
+ *	              error librdkafka returns in place of a message comes as
+ *	              one too (its topic NULL if it has none), read only while
+ *	              a FETCH is outstanding, and after the messages before it
+ *
+ * In the consumer's frames, counts, max_messages and max_bytes are uint32;
+ * partitions and errors int32; start_ms, offsets, watermarks and
+ * timestamps int64.
  *
  *-------------------------------------------------------------------------
  */
