@@ -3,13 +3,17 @@
 
 EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
-	sql/outbox--0.4.0.sql \
+	sql/outbox--0.4.0.sql sql/outbox--0.5.0.sql \
 	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql \
-	sql/outbox--0.3.0--0.4.0.sql
+	sql/outbox--0.3.0--0.4.0.sql sql/outbox--0.4.0--0.5.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/enqueue.o \
+	src/inbox_apply.o \
+	src/inbox_consumer.o \
+	src/inbox_worker.o \
+	src/inbox_sql.o \
 	src/key_lock.o \
 	src/launcher.o \
 	src/publisher.o \
@@ -17,6 +21,7 @@ OBJS = \
 	src/row_writer.o \
 	src/kafka_link.o \
 	src/producer.o \
+	src/statements.o \
 	src/store.o \
 	src/segment.o \
 	src/serving.o \

@@ -77,10 +77,11 @@ PG_FUNCTION_INFO_V1(outbox_message_check);
 /*
  * Refuse a topic Kafka would refuse: Kafka allows only ASCII letters,
  * digits, '.', '_' and '-', at most KAFKA_MAX_TOPIC_LENGTH characters, and
- * not "." or "..".
+ * not "." or "..".  what names whose topic it is, in the error: "outbox"
+ * or "inbox".
  */
-static void
-check_topic(text *topic)
+void
+check_kafka_topic(const char *what, text *topic)
 {
 	const char *s;
 	int			len;
@@ -88,7 +89,7 @@ check_topic(text *topic)
 	if (topic == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("outbox topic must not be NULL"),
+				 errmsg("%s topic must not be NULL", what),
 				 errhint("Name the Kafka topic the message goes to.")));
 
 	s = VARDATA_ANY(topic);
@@ -97,18 +98,18 @@ check_topic(text *topic)
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox topic must not be empty"),
+				 errmsg("%s topic must not be empty", what),
 				 errhint("Name the Kafka topic the message goes to.")));
 	if (len > KAFKA_MAX_TOPIC_LENGTH)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox topic is %d characters long, Kafka allows at most %d",
-						len, KAFKA_MAX_TOPIC_LENGTH),
+				 errmsg("%s topic is %d characters long, Kafka allows at most %d",
+						what, len, KAFKA_MAX_TOPIC_LENGTH),
 				 errhint("Use a shorter topic name.")));
 	if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox topic \"%.*s\" is not a valid Kafka topic name", len, s),
+				 errmsg("%s topic \"%.*s\" is not a valid Kafka topic name", what, len, s),
 				 errhint("Kafka does not allow the topic names \".\" and \"..\".")));
 	for (int i = 0; i < len; i++)
 	{
@@ -118,7 +119,7 @@ check_topic(text *topic)
 			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox topic \"%.*s\" is not a valid Kafka topic name", len, s),
+					 errmsg("%s topic \"%.*s\" is not a valid Kafka topic name", what, len, s),
 					 errdetail("Character %d is not allowed.", i + 1),
 					 errhint("Kafka topic names may contain only ASCII letters, digits, \".\", \"_\" and \"-\".")));
 	}
@@ -325,7 +326,7 @@ enqueue(FunctionCallInfo fcinfo, bytea *payload)
 	message.payload = payload;
 	message.headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 
-	check_topic(message.topic);
+	check_kafka_topic("outbox", message.topic);
 	check_record_size(VARSIZE_ANY_EXHDR(payload), message.key, check_headers(message.headers));
 	if (message.key)
 		key_lock_acquire(message.topic, message.key);
@@ -380,7 +381,7 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "topic"), desc, &isnull);
 	*topic = isnull ? NULL : DatumGetTextPP(value);
-	check_topic(*topic);
+	check_kafka_topic("outbox", *topic);
 
 	value = heap_getattr(tuple, SPI_fnumber(desc, "payload"), desc, &isnull);
 	if (isnull)

@@ -9,5 +9,6 @@
 #define OUTBOX_ENQUEUE_H
 
 extern void enqueue_init(void);
+extern void check_kafka_topic(const char *what, text *topic);
 
 #endif							/* OUTBOX_ENQUEUE_H */

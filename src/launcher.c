@@ -29,6 +29,9 @@
  * budget: it connects, looks for the extension, says what it found
  * (probe_report()) and exits.
  *
+ * Beside the publisher of a served database runs its inbox worker, while
+ * the database has inbox subscriptions (manage_inbox()).
+ *
  * The launcher wakes on its latch, which backends set when they announce
  * a database or hold one, publishers when they exit and the postmaster
  * when a worker it was asked for starts or stops; and every
@@ -80,9 +83,11 @@
 /* What pg_stat_activity calls the workers the launcher starts. */
 #define PUBLISHER_TYPE "outbox worker"
 #define PROBE_TYPE "outbox probe"
+#define INBOX_TYPE "outbox inbox"
 
 extern PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void outbox_probe_main(Datum main_arg);
+extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 
 typedef enum DatabaseState
 {
@@ -112,6 +117,10 @@ typedef struct KnownDatabase
 								 * next starts */
 	BackgroundWorkerHandle *worker;	/* while SERVED and its worker asked for */
 	bool		stop_asked;		/* SIGTERM sent to its worker */
+	BackgroundWorkerHandle *inbox;	/* its inbox worker, if asked for */
+	bool		inbox_stop_asked;
+	bool		inbox_start_failed; /* reported the last failed start */
+	TimestampTz inbox_not_before;	/* no inbox worker started before then */
 } KnownDatabase;
 
 static HTAB *databases = NULL;
@@ -448,10 +457,20 @@ publisher_gone(KnownDatabase *db)
 	return worker_slot_pid(db->slot) == 0;
 }
 
+/* Ask the database's inbox worker to stop, once. */
+static void
+stop_inbox(KnownDatabase *db)
+{
+	if (db->inbox && !db->inbox_stop_asked)
+		TerminateBackgroundWorker(db->inbox);
+	db->inbox_stop_asked = true;
+}
+
 /* The database's slot goes back; it moves to this state. */
 static void
 release_slot(KnownDatabase *db, DatabaseState state)
 {
+	stop_inbox(db);
 	worker_slot_release(db->slot);
 	db->slot = -1;
 	db->restart_at = 0;
@@ -516,6 +535,52 @@ manage_served(KnownDatabase *db, bool should_run)
 		restart_publisher(db);
 }
 
+/* Start the inbox worker of a served database, or note when to try again. */
+static void
+start_inbox(KnownDatabase *db)
+{
+	db->inbox = start_worker("outbox_inbox_main", INBOX_TYPE, NameStr(db->name),
+							 Int32GetDatum(db->slot), worker_slot_generation(db->slot));
+	db->inbox_stop_asked = false;
+	if (db->inbox != NULL)
+	{
+		db->inbox_start_failed = false;
+		return;
+	}
+	if (!db->inbox_start_failed)
+		launcher_report_error("could not start the inbox worker of database \"%s\": no background worker slot is free; raise max_worker_processes",
+							  NameStr(db->name));
+	db->inbox_start_failed = true;
+	db->inbox_not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RETRY_PAUSE_MS);
+}
+
+/*
+ * A database's inbox worker runs beside its publisher while its slot says
+ * it has subscriptions (inbox_worker_wanted()): started after a pause if it
+ * exited, stopped with its publisher.  It leaves by itself when it finds
+ * no subscription, and when its slot is handed out again.  One that a
+ * launcher before this one started runs on, adopted.
+ */
+static void
+manage_inbox(KnownDatabase *db)
+{
+	bool		served = db->state == DB_SERVED && db->restart_at == 0 && !db->stop_asked;
+
+	if (db->inbox && worker_gone(db->inbox))
+	{
+		pfree(db->inbox);
+		db->inbox = NULL;
+		db->inbox_not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   RESTART_PAUSE_MS);
+	}
+	if (!served)
+		stop_inbox(db);
+	else if (db->inbox == NULL && inbox_worker_wanted(db->slot) &&
+			 inbox_worker_pid(db->slot) == 0 &&
+			 GetCurrentTimestamp() >= db->inbox_not_before)
+		start_inbox(db);
+}
+
 /* Take one step of a database's way; see the file's header comment. */
 static void
 step_database(KnownDatabase *db, bool should_run)
@@ -563,6 +628,7 @@ manage_database(KnownDatabase *db)
 		before = db->state;
 		step_database(db, should_run);
 	} while (db->state != before);
+	manage_inbox(db);
 }
 
 /* The databases that wait for a slot, as the views and the WARNING see it. */
@@ -598,6 +664,8 @@ time_to_next_event(void)
 			next = Min(next, db->not_before);
 		if (db->restart_at > now)
 			next = Min(next, db->restart_at);
+		if (db->inbox_not_before > now && db->state == DB_SERVED)
+			next = Min(next, db->inbox_not_before);
 	}
 	return TimestampDifferenceMilliseconds(now, next);
 }

@@ -31,6 +31,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "inbox.h"
 #include "launcher.h"
 #include "pipeline.h"
 #include "segment.h"
@@ -204,6 +205,9 @@ outbox_publisher_main(Datum main_arg)
 	if (!OidIsValid(database))
 		proc_exit(0);			/* asked for by a launcher before this one */
 	connect_to_database(database);
+	/* after a restart, the launcher learns here of the database's subscriptions */
+	if (inbox_subscriptions_exist())
+		inbox_want_worker(database);
 
 	pipeline = pipeline_create();
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox publisher loop",

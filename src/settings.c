@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <limits.h>
 
+#include "common/pg_prng.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "postmaster/interrupt.h"
@@ -40,6 +41,8 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
 #define DEFAULT_SENT_RETENTION_S 0
 #define DEFAULT_MAX_WORKERS 4
+#define DEFAULT_INBOX_BATCH_SIZE 1000
+#define DEFAULT_INBOX_DEDUP_RETENTION_S (7 * 24 * 3600)	/* Kafka's retention.ms */
 
 /* Their bounds, where they have others than their type's. */
 #define MAX_BATCH_SIZE 100000
@@ -59,6 +62,8 @@ int			outbox_max_wake_delay = DEFAULT_MAX_WAKE_DELAY_MS;
 int			outbox_max_record_size = DEFAULT_MAX_RECORD_SIZE;
 int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
 int			outbox_max_workers = DEFAULT_MAX_WORKERS;
+int			outbox_inbox_batch_size = DEFAULT_INBOX_BATCH_SIZE;
+int			outbox_inbox_dedup_retention = DEFAULT_INBOX_DEDUP_RETENTION_S;
 
 /*
  * The mask SHOW puts on every value of outbox.kafka_properties, and that
@@ -236,7 +241,47 @@ define_settings(void)
 							   PGC_SIGHUP, GUC_LIST_INPUT,
 							   check_standby_slot_list, NULL, NULL);
 
+	DefineCustomIntVariable("outbox.inbox_batch_size",
+							"Most messages the inbox worker applies in one transaction.",
+							NULL,
+							&outbox_inbox_batch_size,
+							DEFAULT_INBOX_BATCH_SIZE, 1, MAX_BATCH_SIZE,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	/*
+	 * A producer sends a message twice only when it crashed after Kafka
+	 * took it, and sends it again soon after; a consumer reads it again only
+	 * while Kafka keeps it.  So the ids are kept as long as Kafka keeps
+	 * messages by default.
+	 */
+	DefineCustomIntVariable("outbox.inbox_dedup_retention",
+							"How long the inbox remembers the outbox-message-id of a message received, to apply it once if it comes again.",
+							"A message that comes again later than this is applied again.",
+							&outbox_inbox_dedup_retention,
+							DEFAULT_INBOX_DEDUP_RETENTION_S, 1, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("outbox");
+}
+
+/*
+ * Exponential backoff with jitter, for the outbox's retries and the
+ * inbox's: outbox.retry_backoff_base * 2^attempts, capped at
+ * outbox.retry_backoff_max, then drawn at random from its upper half so
+ * that retries of many messages spread out.
+ */
+int64
+retry_backoff_ms(int attempts)
+{
+	double		delay = outbox_retry_backoff_base;
+
+	for (int i = 0; i < attempts && delay < outbox_retry_backoff_max; i++)
+		delay *= 2;
+	delay = Min(delay, (double) outbox_retry_backoff_max);
+	return (int64) pg_prng_uint64_range(&pg_global_prng_state,
+										(uint64) (delay / 2), (uint64) delay);
 }
 
 /* outbox.databases must be a list of names. */

@@ -26,6 +26,8 @@ extern int	outbox_max_wake_delay;
 extern int	outbox_max_record_size;
 extern int	outbox_sent_retention;
 extern int	outbox_max_workers;
+extern int	outbox_inbox_batch_size;
+extern int	outbox_inbox_dedup_retention;
 
 /* One name=value item of outbox.kafka_properties. */
 typedef struct KafkaProperty
@@ -41,5 +43,6 @@ extern bool settings_database_allowed(const char *name);
 extern bool settings_database_list_deprecated(void);
 extern List *settings_standby_slot_names(void);
 extern bool settings_reload_if_asked(void);
+extern int64 retry_backoff_ms(int attempts);
 
 #endif							/* OUTBOX_SETTINGS_H */

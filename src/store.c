@@ -22,7 +22,6 @@
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "storage/lmgr.h"
-#include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -33,6 +32,7 @@
 #include "utils/timestamp.h"
 
 #include "settings.h"
+#include "statements.h"
 #include "store.h"
 #include "worker_slot.h"
 
@@ -53,14 +53,6 @@ typedef enum StoreStatement
 	STMT_COUNT
 } StoreStatement;
 
-typedef struct StoreStatementDef
-{
-	const char *name;			/* for error messages */
-	const char *sql;			/* %1$s is the extension's schema */
-	int			nargs;
-	Oid			argtypes[4];
-	int			plan;			/* PLAN_ONCE or PLAN_EACH_TIME */
-} StoreStatementDef;
 
 /*
  * How a statement is planned.  Planning the claim and the delete anew for
@@ -78,8 +70,6 @@ typedef struct StoreStatementDef
  * then knows the length of: a generic plan made on an empty outbox scanned
  * every segment whole for each id.
  */
-#define PLAN_ONCE CURSOR_OPT_GENERIC_PLAN
-#define PLAN_EACH_TIME CURSOR_OPT_CUSTOM_PLAN
 
 /*
  * The claim takes waiting rows in id order, skipping rows that another
@@ -130,7 +120,7 @@ typedef struct StoreStatementDef
  */
 #define BELOW_EVERY_ID 0
 
-static const StoreStatementDef statement_defs[STMT_COUNT] = {
+static const StatementDef statement_defs[STMT_COUNT] = {
 	[STMT_CLAIM_RETRIES] = {
 		"claim the retries due below the claim floor",
 		CLAIM_SQL("m.state = 'retrying' AND m.id < $4 AND m.id <> ALL ($2)"),
@@ -229,7 +219,7 @@ static const StoreStatementDef statement_defs[STMT_COUNT] = {
 /* Ids this far apart are deleted by two range scans rather than one. */
 #define DELETE_RUN_GAP 1000
 
-static SPIPlanPtr plans[STMT_COUNT];
+static StatementSet statements = {statement_defs, STMT_COUNT};
 
 /*
  * The claim floor.  Deleting a delivered row leaves its index entries
@@ -273,46 +263,11 @@ static TimestampTz claim_floor_rescanned_at = 0;
  */
 static TimestampTz next_retry_at = 0;
 static bool prepared_looked_for = false;
-static Oid	plans_namespace = InvalidOid;
-static Oid	plans_extension = InvalidOid;
 
-/* The schema the outbox extension is created in, or InvalidOid; and its oid. */
-static Oid
-extension_namespace(Oid *extension)
-{
-	Relation	rel;
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tuple;
-	Oid			namespace = InvalidOid;
-
-	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
-				F_NAMEEQ, CStringGetDatum("outbox"));
-	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (HeapTupleIsValid(tuple))
-	{
-		namespace = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
-		*extension = ((Form_pg_extension) GETSTRUCT(tuple))->oid;
-	}
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return namespace;
-}
-
-/* Drop the prepared statements, after DROP EXTENSION for instance. */
+/* Forget what was known of the extension, after DROP EXTENSION for instance. */
 static void
 forget_extension(void)
 {
-	for (int i = 0; i < STMT_COUNT; i++)
-	{
-		if (plans[i])
-			SPI_freeplan(plans[i]);
-		plans[i] = NULL;
-	}
-	plans_namespace = InvalidOid;
-	plans_extension = InvalidOid;
 	claim_floor_known = false;
 	next_retry_at = 0;
 }
@@ -326,45 +281,11 @@ forget_extension(void)
 Oid
 store_find_extension(void)
 {
-	Oid			extension = InvalidOid;
-	Oid			namespace = extension_namespace(&extension);
-	const char *schema;
+	Oid			known = statements.extension;
+	Oid			extension = statements_find_extension(&statements);
 
-	if (OidIsValid(namespace))
-	{
-		Oid			locked = extension;
-
-		/* it may have gone while we waited for the lock: look again */
-		LockDatabaseObject(ExtensionRelationId, locked, 0, AccessShareLock);
-		namespace = extension_namespace(&extension);
-		if (extension != locked)
-			namespace = InvalidOid;
-	}
-	if (!OidIsValid(namespace))
-	{
+	if (extension != known)
 		forget_extension();
-		return InvalidOid;
-	}
-
-	if (namespace == plans_namespace && extension == plans_extension)
-		return extension;
-
-	forget_extension();
-	schema = quote_identifier(get_namespace_name(namespace));
-	for (int i = 0; i < STMT_COUNT; i++)
-	{
-		const StoreStatementDef *def = &statement_defs[i];
-		char	   *sql = psprintf(def->sql, schema);
-
-		plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes, def->plan);
-		if (plans[i] == NULL)
-			elog(ERROR, "outbox: could not prepare worker statement \"%s\": %s",
-				 def->name, SPI_result_code_string(SPI_result));
-		SPI_keepplan(plans[i]);
-		pfree(sql);
-	}
-	plans_namespace = namespace;
-	plans_extension = extension;
 	return extension;
 }
 
@@ -372,18 +293,14 @@ store_find_extension(void)
 Oid
 store_extension_namespace(void)
 {
-	return plans_namespace;
+	return statements.namespace;
 }
 
 /* Run a prepared statement; anything but the expected result is an ERROR. */
 static void
 run(StoreStatement stmt, Datum *args, int expected)
 {
-	int			rc = SPI_execute_plan(plans[stmt], args, NULL, false, 0);
-
-	if (rc != expected)
-		elog(ERROR, "outbox: worker statement \"%s\" failed: %s",
-			 statement_defs[stmt].name, SPI_result_code_string(rc));
+	(void) statement_run(&statements, stmt, args, NULL, expected);
 }
 
 static Datum
@@ -564,7 +481,7 @@ claim_more(Claim *c, StoreStatement stmt, Datum ids, Datum floor, bool floor_kno
 		 * between them could show its later rows and hide its earlier ones.
 		 */
 		args[0] = Int32GetDatum(asked);
-		if (SPI_execute_snapshot(plans[stmt], args, NULL, GetActiveSnapshot(),
+		if (SPI_execute_snapshot(statements.plans[stmt], args, NULL, GetActiveSnapshot(),
 								 InvalidSnapshot, false, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "outbox: worker statement \"%s\" failed", statement_defs[stmt].name);
 		returned = SPI_processed;
@@ -766,22 +683,6 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	return c.count;
 }
 
-/*
- * Exponential backoff with jitter: base * 2^attempts, capped, then drawn at
- * random from its upper half so that retries of many messages spread out.
- */
-static int64
-retry_delay_ms(int attempts)
-{
-	double		delay = outbox_retry_backoff_base;
-
-	for (int i = 0; i < attempts && delay < outbox_retry_backoff_max; i++)
-		delay *= 2;
-	delay = Min(delay, (double) outbox_retry_backoff_max);
-	return (int64) pg_prng_uint64_range(&pg_global_prng_state,
-										(uint64) (delay / 2), (uint64) delay);
-}
-
 /* Is this failed attempt of m its last? */
 static bool
 out_of_attempts(const OutboxMessage *m)
@@ -823,7 +724,7 @@ offset_of(OutboxMessage *m, const char *reason)
 static Datum
 retry_delay_of(OutboxMessage *m, const char *reason)
 {
-	return Int64GetDatum(retry_delay_ms(m->attempts));
+	return Int64GetDatum(retry_backoff_ms(m->attempts));
 }
 
 static Datum
@@ -851,7 +752,7 @@ static void
 run_for_messages(StoreStatement stmt, const MessageColumn *columns, const char *reason,
 				 OutboxMessage **messages, int count, int expected)
 {
-	const StoreStatementDef *def = &statement_defs[stmt];
+	const StatementDef *def = &statement_defs[stmt];
 	Datum		args[lengthof(def->argtypes)];
 
 	for (int arg = 0; arg < def->nargs; arg++)

@@ -18,7 +18,10 @@
  * slot's own worker writes the rest, except fatal_error_drill, which
  * outbox_simulate_fatal_error() sets, and the two atomic ids of its claim
  * floor, which any backend of its database lowers (compare-and-swap) and
- * only the worker raises.
+ * only the worker raises.  The slot's inbox part (InboxPart) is written,
+ * under the same spinlock, by the database's inbox worker, but for wanted,
+ * which backends and the publisher set and the inbox worker clears; its
+ * counters are atomics too.
  *
  * The launcher's part is read and written under launcher_lock (an LWLock),
  * never held with a slot's spinlock nor across anything but copying: the
@@ -46,6 +49,31 @@
 #include "settings.h"
 #include "worker_slot.h"
 
+/*
+ * The inbox worker of a slot's database (inbox_worker.c), which consumes
+ * for its subscriptions.  It lives beside the publisher, in its slot, and
+ * under its spinlock: it attaches with the slot's generation and leaves once
+ * the slot is handed out again.  wanted says the database has
+ * subscriptions (or may have: a backend sets it when one is made, the
+ * publisher when it finds some, the inbox worker clears it when it finds
+ * none); the launcher starts an inbox worker while it is set.
+ */
+typedef struct InboxPart
+{
+	bool		wanted;
+	int			pid;			/* 0 while no inbox worker runs */
+	Latch	   *latch;
+	InboxWorkerState state;
+	TimestampTz started_at;
+	TimestampTz last_applied_at;
+	TimestampTz last_error_at;
+	char		last_error[WORKER_LAST_ERROR_LEN];
+	pg_atomic_uint64 applied;
+	pg_atomic_uint64 duplicates;
+	pg_atomic_uint64 failed;
+	pg_atomic_uint64 dead_lettered;
+} InboxPart;
+
 typedef struct OutboxWorkerSlot
 {
 	slock_t		mutex;
@@ -70,6 +98,7 @@ typedef struct OutboxWorkerSlot
 										 * claim floor) */
 	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
 										 * or NO_ID */
+	InboxPart	inbox;
 } OutboxWorkerSlot;
 
 /*
@@ -136,6 +165,8 @@ typedef struct OutboxShared
 
 static OutboxShared *shared = NULL;
 static OutboxWorkerSlot *my_slot = NULL;	/* this worker's, once attached */
+static OutboxWorkerSlot *my_inbox_slot = NULL;	/* an inbox worker's */
+static uint32 my_inbox_generation;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -147,6 +178,14 @@ static const char *const state_names[] = {
 	[WORKER_WAITING_FOR_STANDBY] = "waiting for standby",
 	[WORKER_IDLE] = "idle",
 	[WORKER_PUBLISHING] = "publishing",
+};
+
+static const char *const inbox_state_names[] = {
+	[INBOX_STOPPED] = "stopped",
+	[INBOX_STARTING] = "starting",
+	[INBOX_WAITING_FOR_BROKERS] = "waiting for brokers",
+	[INBOX_IDLE] = "idle",
+	[INBOX_APPLYING] = "applying",
 };
 
 static Size
@@ -191,6 +230,10 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
 			pg_atomic_init_u64(&slot->committed_below, NO_ID);
 			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
+			pg_atomic_init_u64(&slot->inbox.applied, 0);
+			pg_atomic_init_u64(&slot->inbox.duplicates, 0);
+			pg_atomic_init_u64(&slot->inbox.failed, 0);
+			pg_atomic_init_u64(&slot->inbox.dead_lettered, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -621,6 +664,10 @@ worker_slot_assign(Oid database, uint32 *generation)
 		pg_atomic_write_u64(&slot->published, 0);
 		pg_atomic_write_u64(&slot->retries_scheduled, 0);
 		pg_atomic_write_u64(&slot->dead_lettered, 0);
+		pg_atomic_write_u64(&slot->inbox.applied, 0);
+		pg_atomic_write_u64(&slot->inbox.duplicates, 0);
+		pg_atomic_write_u64(&slot->inbox.failed, 0);
+		pg_atomic_write_u64(&slot->inbox.dead_lettered, 0);
 	}
 	SpinLockAcquire(&slot->mutex);
 	if (slot->last_database != database)
@@ -628,6 +675,10 @@ worker_slot_assign(Oid database, uint32 *generation)
 		slot->last_publish_at = 0;
 		slot->last_error_at = 0;
 		slot->last_error[0] = '\0';
+		slot->inbox.wanted = false;
+		slot->inbox.last_applied_at = 0;
+		slot->inbox.last_error_at = 0;
+		slot->inbox.last_error[0] = '\0';
 	}
 	slot->database = database;
 	slot->last_database = database;
@@ -792,12 +843,19 @@ worker_report_error(int elevel, const char *fmt,...)
 /*
  * Put a message into outbox_worker's last_error, for an error that the
  * caller has reported to the log itself (with an errcode and a hint, say).
+ * In an inbox worker, whose Kafka processes report through the same code
+ * as a publisher's (kafka_link.c), into inbox_worker's.
  */
 void
 worker_record_error(const char *message)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
+	if (my_slot == NULL && my_inbox_slot != NULL)
+	{
+		inbox_record_error(message);
+		return;
+	}
 	SpinLockAcquire(&my_slot->mutex);
 	strlcpy(my_slot->last_error, message, WORKER_LAST_ERROR_LEN);
 	my_slot->last_error_at = now;
@@ -867,4 +925,266 @@ worker_release_claim_floor(int64 lowest)
 	uint64		expected = encode_id(lowest);
 
 	return pg_atomic_compare_exchange_u64(&my_slot->prepared_below, &expected, NO_ID);
+}
+
+/*
+ * The inbox part of the slots.
+ */
+
+const char *
+inbox_state_name(InboxWorkerState state)
+{
+	return inbox_state_names[state];
+}
+
+/*
+ * This database has a subscription now (call it once that is committed):
+ * the launcher is to start its inbox worker, if none runs, and the one that
+ * runs is to read its subscriptions again.  If no slot is handed out for
+ * the database, its publisher sets wanted when it starts.
+ */
+void
+inbox_want_worker(Oid database)
+{
+	OutboxWorkerSlot *slot = slot_of_database(database);
+	Latch	   *latch = NULL;
+
+	if (slot == NULL)
+		return;
+	SpinLockAcquire(&slot->mutex);
+	if (slot->database == database)
+	{
+		slot->inbox.wanted = true;
+		latch = slot->inbox.latch;
+	}
+	SpinLockRelease(&slot->mutex);
+	if (latch)
+		SetLatch(latch);
+	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+}
+
+/* Wake this database's inbox worker, if one runs (a dead letter requeued...). */
+void
+inbox_wake_worker(Oid database)
+{
+	OutboxWorkerSlot *slot = slot_of_database(database);
+	Latch	   *latch = NULL;
+
+	if (slot == NULL)
+		return;
+	SpinLockAcquire(&slot->mutex);
+	if (slot->database == database)
+		latch = slot->inbox.latch;
+	SpinLockRelease(&slot->mutex);
+	if (latch)
+		SetLatch(latch);
+}
+
+/* Copy the inbox part of this database's slot; false if no slot serves it. */
+bool
+inbox_read(Oid database, InboxStatus *status)
+{
+	OutboxWorkerSlot *slot = slot_of_database(database);
+	InboxPart  *inbox;
+	bool		found;
+
+	memset(status, 0, sizeof(*status));
+	if (slot == NULL)
+		return false;
+	inbox = &slot->inbox;
+	SpinLockAcquire(&slot->mutex);
+	found = slot->database == database;
+	if (found)
+	{
+		status->pid = inbox->pid;
+		status->state = inbox->state;
+		status->started_at = inbox->started_at;
+		status->last_applied_at = inbox->last_applied_at;
+		status->last_error_at = inbox->last_error_at;
+		memcpy(status->last_error, inbox->last_error, WORKER_LAST_ERROR_LEN);
+	}
+	SpinLockRelease(&slot->mutex);
+	status->applied = pg_atomic_read_u64(&inbox->applied);
+	status->duplicates = pg_atomic_read_u64(&inbox->duplicates);
+	status->failed = pg_atomic_read_u64(&inbox->failed);
+	status->dead_lettered = pg_atomic_read_u64(&inbox->dead_lettered);
+	return found;
+}
+
+/* In the launcher: should slot i's database have an inbox worker? */
+bool
+inbox_worker_wanted(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+	bool		wanted;
+
+	SpinLockAcquire(&slot->mutex);
+	wanted = OidIsValid(slot->database) && slot->inbox.wanted;
+	SpinLockRelease(&slot->mutex);
+	return wanted;
+}
+
+/* The pid of slot i's inbox worker, 0 if none is attached. */
+int
+inbox_worker_pid(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+	int			pid;
+
+	SpinLockAcquire(&slot->mutex);
+	pid = slot->inbox.pid;
+	SpinLockRelease(&slot->mutex);
+	return pid;
+}
+
+/* The generation slot i was last handed out with, for its inbox worker. */
+uint32
+worker_slot_generation(int i)
+{
+	OutboxWorkerSlot *slot = &shared->slots[i];
+	uint32		generation;
+
+	SpinLockAcquire(&slot->mutex);
+	generation = slot->generation;
+	SpinLockRelease(&slot->mutex);
+	return generation;
+}
+
+/* The inbox worker leaves its slot, and wakes the launcher to say so. */
+static void
+inbox_detach(int code, Datum arg)
+{
+	InboxPart  *inbox = &my_inbox_slot->inbox;
+
+	SpinLockAcquire(&my_inbox_slot->mutex);
+	inbox->pid = 0;
+	inbox->latch = NULL;
+	inbox->state = INBOX_STOPPED;
+	SpinLockRelease(&my_inbox_slot->mutex);
+	my_inbox_slot = NULL;
+
+	LWLockAcquire(shared->launcher_lock, LW_SHARED);
+	wake_launcher_locked();
+	LWLockRelease(shared->launcher_lock);
+}
+
+/*
+ * Take the inbox part of slot i for this inbox worker, until it exits.
+ * Returns the slot's database, or InvalidOid if the slot has been handed
+ * out again since this worker was asked for, or has an inbox worker.
+ */
+Oid
+inbox_attach(int i, uint32 generation)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	OutboxWorkerSlot *slot;
+	Oid			database = InvalidOid;
+
+	if (i < 0 || i >= shared->slot_count)
+		elog(FATAL, "outbox: worker slot %d does not exist", i);
+	slot = &shared->slots[i];
+
+	SpinLockAcquire(&slot->mutex);
+	if (slot->generation == generation && slot->inbox.pid == 0)
+	{
+		database = slot->database;
+		slot->inbox.pid = MyProcPid;
+		slot->inbox.latch = MyLatch;
+		slot->inbox.state = INBOX_STARTING;
+		slot->inbox.started_at = now;
+	}
+	SpinLockRelease(&slot->mutex);
+	if (!OidIsValid(database))
+		return InvalidOid;
+	my_inbox_slot = slot;
+	my_inbox_generation = generation;
+	on_shmem_exit(inbox_detach, 0);
+	return database;
+}
+
+/* Is this inbox worker's slot still handed out as it was when it attached? */
+bool
+inbox_slot_still_mine(void)
+{
+	bool		mine;
+
+	SpinLockAcquire(&my_inbox_slot->mutex);
+	mine = my_inbox_slot->generation == my_inbox_generation &&
+		OidIsValid(my_inbox_slot->database);
+	SpinLockRelease(&my_inbox_slot->mutex);
+	return mine;
+}
+
+/*
+ * The inbox worker found no subscription: the launcher is not to start
+ * another until one is made.  Call it before looking a last time, so that a
+ * subscription committed meanwhile sets wanted again.
+ */
+void
+inbox_forget_wanted(void)
+{
+	SpinLockAcquire(&my_inbox_slot->mutex);
+	my_inbox_slot->inbox.wanted = false;
+	SpinLockRelease(&my_inbox_slot->mutex);
+}
+
+void
+inbox_report_state(InboxWorkerState state)
+{
+	SpinLockAcquire(&my_inbox_slot->mutex);
+	my_inbox_slot->inbox.state = state;
+	SpinLockRelease(&my_inbox_slot->mutex);
+}
+
+/*
+ * Report an error the inbox worker lives through: into the server log at
+ * elevel and into inbox_worker's last_error.  Never ERROR.
+ */
+void
+inbox_report_error(int elevel, const char *fmt,...)
+{
+	char		message[WORKER_LAST_ERROR_LEN];
+	va_list		args;
+
+	Assert(elevel < ERROR);
+	va_start(args, fmt);
+	vsnprintf(message, sizeof(message), fmt, args);
+	va_end(args);
+
+	ereport(elevel, (errmsg("outbox inbox: %s", message)));
+	inbox_record_error(message);
+}
+
+/* Put a message into inbox_worker's last_error; the caller has logged it. */
+void
+inbox_record_error(const char *message)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&my_inbox_slot->mutex);
+	strlcpy(my_inbox_slot->inbox.last_error, message, WORKER_LAST_ERROR_LEN);
+	my_inbox_slot->inbox.last_error_at = now;
+	SpinLockRelease(&my_inbox_slot->mutex);
+}
+
+/* Count a committed batch's outcomes. */
+void
+inbox_count_outcomes(uint64 applied, uint64 duplicates, uint64 failed, uint64 dead_lettered)
+{
+	InboxPart  *inbox = &my_inbox_slot->inbox;
+
+	pg_atomic_fetch_add_u64(&inbox->applied, applied);
+	pg_atomic_fetch_add_u64(&inbox->duplicates, duplicates);
+	pg_atomic_fetch_add_u64(&inbox->failed, failed);
+	pg_atomic_fetch_add_u64(&inbox->dead_lettered, dead_lettered);
+	if (applied > 0)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+
+		SpinLockAcquire(&my_inbox_slot->mutex);
+		my_inbox_slot->inbox.last_applied_at = now;
+		SpinLockRelease(&my_inbox_slot->mutex);
+	}
 }

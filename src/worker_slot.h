@@ -60,6 +60,31 @@ typedef struct WorkerStatus
 	uint64		dead_lettered;
 } WorkerStatus;
 
+/* What a database's inbox worker is doing, as inbox_worker shows it. */
+typedef enum InboxWorkerState
+{
+	INBOX_STOPPED = 0,
+	INBOX_STARTING,
+	INBOX_WAITING_FOR_BROKERS,
+	INBOX_IDLE,
+	INBOX_APPLYING
+} InboxWorkerState;
+
+/* A copy of the inbox part of one database's slot. */
+typedef struct InboxStatus
+{
+	int			pid;			/* 0 while no inbox worker runs */
+	InboxWorkerState state;
+	TimestampTz started_at;
+	TimestampTz last_applied_at;
+	TimestampTz last_error_at;
+	char		last_error[WORKER_LAST_ERROR_LEN];
+	uint64		applied;		/* messages whose handler committed */
+	uint64		duplicates;		/* messages received again, not applied */
+	uint64		failed;			/* handler calls that failed */
+	uint64		dead_lettered;
+} InboxStatus;
+
 /* The most databases announced to the launcher between two of its passes. */
 #define LAUNCHER_MAX_ANNOUNCED 32
 
@@ -92,6 +117,10 @@ extern bool worker_wake_publisher(Oid database);
 extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_request_fatal_error_drill(void);
+extern void inbox_want_worker(Oid database);
+extern void inbox_wake_worker(Oid database);
+extern bool inbox_read(Oid database, InboxStatus *status);
+extern const char *inbox_state_name(InboxWorkerState state);
 extern void launcher_read(LauncherStatus *status);
 extern void launcher_announce_database(Oid database);
 extern void launcher_request_rescan(void);
@@ -111,6 +140,9 @@ extern int	worker_slot_assign(Oid database, uint32 *generation);
 extern void worker_slot_release(int slot);
 extern int	worker_slot_pid(int slot);
 extern WorkerExitReason worker_slot_exit_reason(int slot);
+extern bool inbox_worker_wanted(int slot);
+extern int	inbox_worker_pid(int slot);
+extern uint32 worker_slot_generation(int slot);
 
 /* In a probe. */
 extern void probe_report(Oid database, ProbeResult result);
@@ -130,5 +162,15 @@ extern int64 worker_take_claim_floor_request(void);
 extern void worker_hold_claim_floor(int64 lowest);
 extern bool worker_claim_floor_held(int64 *lowest);
 extern bool worker_release_claim_floor(int64 lowest);
+
+/* In an inbox worker, about itself, once attached to its database's slot. */
+extern Oid	inbox_attach(int slot, uint32 generation);
+extern bool inbox_slot_still_mine(void);
+extern void inbox_forget_wanted(void);
+extern void inbox_report_state(InboxWorkerState state);
+extern void inbox_report_error(int elevel, const char *fmt,...) pg_attribute_printf(2, 3);
+extern void inbox_record_error(const char *message);
+extern void inbox_count_outcomes(uint64 applied, uint64 duplicates, uint64 failed,
+								 uint64 dead_lettered);
 
 #endif							/* OUTBOX_WORKER_SLOT_H */

@@ -5,6 +5,11 @@
 #   admin.py --brokers B alter-config NAME k=v ...
 #   admin.py --brokers B delete-topic NAME
 #   admin.py --brokers B list-topics
+#   admin.py --brokers B produce NAME [--partition N] [--key K] [--value-hex HEX]
+#                                     [--header name=value ...] [--null-value]
+#       one record, as a producer other than the outbox would send it (keys and
+#       header values are text; --value-hex gives the value's bytes); waits for
+#       its acknowledgement and prints "partition offset"
 #   admin.py --brokers B leaders NAME ...
 #       one line per partition: topic, partition, leader (-1 if none), and the
 #       in-sync replicas, comma-separated, as the broker answering knows them
@@ -14,7 +19,7 @@ import argparse
 import sys
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 
 TIMEOUT = 30
@@ -89,6 +94,24 @@ def leaders(admin, args):
             print(name, p.id, p.leader, ",".join(str(r) for r in sorted(p.isrs)))
 
 
+def produce(admin, args):
+    producer = Producer({"bootstrap.servers": args.brokers, "enable.idempotence": True})
+    done = {}
+
+    def report(err, msg):
+        done["err"], done["msg"] = err, msg
+
+    value = None if args.null_value else bytes.fromhex(args.value_hex)
+    headers = [tuple(key_values([h]).items())[0] for h in args.header]
+    extra = {} if args.partition is None else {"partition": args.partition}
+    producer.produce(args.name, value=value, key=args.key, headers=headers,
+                     on_delivery=report, **extra)
+    producer.flush(TIMEOUT)
+    if done.get("err") is not None or "msg" not in done:
+        sys.exit(f"admin.py produce: {done.get('err', 'not acknowledged')}")
+    print(done["msg"].partition(), done["msg"].offset())
+
+
 def main():
     parser = argparse.ArgumentParser(description="Kafka topic administration for tests")
     parser.add_argument("--brokers", required=True)
@@ -109,6 +132,14 @@ def main():
     p.set_defaults(run=delete_topic)
     p = sub.add_parser("list-topics")
     p.set_defaults(run=list_topics)
+    p = sub.add_parser("produce")
+    p.add_argument("name")
+    p.add_argument("--partition", type=int)
+    p.add_argument("--key")
+    p.add_argument("--value-hex", default="")
+    p.add_argument("--null-value", action="store_true")
+    p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    p.set_defaults(run=produce)
     p = sub.add_parser("leaders")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(run=leaders)

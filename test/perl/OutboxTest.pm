@@ -21,7 +21,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
-  broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench
+  broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench inbox_check
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
   backlog_drain_time enqueue_backlog refusing_topics
   check_delivery slow_tests publishers_gone);
@@ -334,6 +334,60 @@ sub fault_check
 	cmp_ok($result->{duplicates}, '<=', ($args{crashes} // 0) * 1000,
 		"$scenario: duplicates within one batch per crash");
 	return $result;
+}
+
+# The inbox's verdict on one scenario: what database $a_db of $a committed
+# (fault_log, see start_load) against what the inbox applied in database
+# $b_db of $b (the table inbox_applied, one row per handler call, in
+# order: seq, message_id, key).  Waits until every committed message (but
+# those in A's outbox_dead_letter) is applied; checks lost 0, applied twice
+# 0, phantom 0 and per-key order; appends a row to the fault report.
+# Returns the counts.
+sub inbox_check
+{
+	my ($a, $b, %args) = @_;
+	my $scenario = $args{scenario};
+	my ($a_db, $b_db) = ($args{a_db} // 'postgres', $args{b_db} // 'postgres');
+	my $topics = join(',', map { "'$_'" } @{ $args{topics} });
+	my %committed = map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
+	  split /\n/, $a->safe_psql($a_db, qq{
+		SELECT message_id, key, id FROM fault_log WHERE topic IN ($topics)
+		   AND message_id NOT IN (SELECT message_id FROM outbox_dead_letter)});
+	my $count = scalar(keys %committed);
+	ok(wait_for_query($b, "SELECT count(DISTINCT message_id) >= $count FROM inbox_applied", 't', 180, $b_db),
+		"$scenario: the inbox applies every committed message");
+
+	my (%applied, %last_id_of_key);
+	my ($twice, $phantom, $order_faults) = (0, 0, 0);
+	for my $row (split /\n/, $b->safe_psql($b_db, 'SELECT message_id, key FROM inbox_applied ORDER BY seq'))
+	{
+		my ($mid, $key) = split /\|/, $row;
+		if (!exists $committed{$mid})
+		{
+			$phantom++;
+			next;
+		}
+		if ($applied{$mid}++)
+		{
+			$twice++;
+			next;
+		}
+		next if !defined $key || $key eq '';
+		$order_faults++ if exists $last_id_of_key{$key} && $last_id_of_key{$key} > $committed{$mid}[1];
+		$last_id_of_key{$key} = $committed{$mid}[1];
+	}
+	my $lost = grep { !$applied{$_} } keys %committed;
+	my $row = sprintf("%-44s %9d %5d %7d %12d %10d", "inbox: $scenario", $count, $lost, $phantom,
+		$order_faults, $twice);
+	diag($row);
+	PostgreSQL::Test::Utils::append_to_file("$PostgreSQL::Test::Utils::tmp_check/fault_report.txt", "$row\n");
+	cmp_ok($count, '>', 0, "$scenario: messages were committed under load");
+	is($lost, 0, "$scenario: nothing lost");
+	is($twice, 0, "$scenario: nothing applied twice");
+	is($phantom, 0, "$scenario: nothing applied that was not committed");
+	is($order_faults, 0, "$scenario: per-key order kept");
+	return { committed => $count, lost => $lost, twice => $twice, phantom => $phantom,
+		order_faults => $order_faults };
 }
 
 # Wait until no publisher (backend_type "outbox worker") runs on the node,

@@ -1,0 +1,101 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox.h
+ *	  The inbox worker's messages, subscriptions and batches, shared by its
+ *	  process (inbox_worker.c), its consumers (inbox_consumer.c) and what
+ *	  applies the messages (inbox_apply.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_INBOX_H
+#define OUTBOX_INBOX_H
+
+#include "datatype/timestamp.h"
+#include "nodes/pg_list.h"
+#include "utils/uuid.h"
+
+/* The header that carries an outbox message's id (producer.c puts it on). */
+#define MESSAGE_ID_HEADER "outbox-message-id"
+
+/* One Kafka message, as the consumer received it. */
+typedef struct InboxMessage
+{
+	char	   *topic;
+	int32		partition;
+	int64		offset;
+	int64		timestamp_ms;	/* -1 if Kafka has none */
+	char	   *key;			/* NULL for none; text of the database's
+								 * encoding */
+	int			value_len;		/* -1 for a NULL value */
+	char	   *value;
+	int			header_count;
+	char	  **header_names;
+	char	  **header_values;	/* NULL for a NULL value */
+	bool		has_message_id;
+	pg_uuid_t	message_id;
+} InboxMessage;
+
+/* The high watermark of one partition, as a MESSAGES frame told it. */
+typedef struct PartitionWatermark
+{
+	char	   *topic;
+	int32		partition;
+	int64		high_watermark;
+} PartitionWatermark;
+
+/* The messages of one MESSAGES frame, in its own memory context. */
+typedef struct InboxBatch
+{
+	MemoryContext context;
+	int			count;
+	InboxMessage *messages;
+	int			watermark_count;
+	PartitionWatermark *watermarks;
+} InboxBatch;
+
+/* Where a partition is to be read from next. */
+typedef struct PartitionPosition
+{
+	char	   *topic;
+	int32		partition;
+	int64		next_offset;
+	int64		high_watermark;	/* -1 if not known */
+} PartitionPosition;
+
+/* A subscription, as inbox_subscription holds it. */
+typedef struct InboxSubscription
+{
+	char	   *name;
+	int			topic_count;
+	char	  **topics;
+	char	   *handler;		/* its signature, schema-qualified */
+	Oid			run_as;
+	int			max_attempts;	/* 0: outbox.max_attempts */
+	bool		from_earliest;	/* else from created_at */
+	TimestampTz created_at;
+	char	   *search_path;
+} InboxSubscription;
+
+/* What applying a batch or a pass of retries came to. */
+typedef struct InboxOutcome
+{
+	uint64		applied;
+	uint64		duplicates;
+	uint64		failed;
+	uint64		dead_lettered;
+	bool		retries_added;	/* the next retry may be sooner */
+} InboxOutcome;
+
+/* inbox_apply.c */
+extern bool inbox_extension_ready(void);
+extern bool inbox_subscriptions_exist(void);
+extern List *inbox_read_subscriptions(void);
+extern List *inbox_read_positions(const InboxSubscription *s);
+extern void inbox_record_positions(const InboxSubscription *s, List *positions);
+extern bool inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch,
+							  InboxOutcome *outcome);
+extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome);
+extern long inbox_ms_until_next_retry(const InboxSubscription *s);
+extern void inbox_forget_old_ids(void);
+
+#endif							/* OUTBOX_INBOX_H */

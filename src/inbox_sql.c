@@ -1,0 +1,537 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_sql.c
+ *	  The inbox's SQL functions: inbox_subscribe(), inbox_unsubscribe(),
+ *	  inbox_requeue(), inbox_discard() and inbox_worker_status().
+ *
+ * The inbox's tables are granted to no one.  These functions are not
+ * SECURITY DEFINER, so that they know who calls them: each checks that the
+ * caller may act for the subscription's role (is a member of it), and then
+ * writes the tables as the extension's owner, with statements that name the
+ * extension's schema and take every value as a parameter.  At commit they
+ * tell the database's inbox worker (or the launcher, which starts it) to
+ * read the subscriptions again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+
+#include "enqueue.h"
+#include "worker_slot.h"
+
+PG_FUNCTION_INFO_V1(inbox_subscribe);
+PG_FUNCTION_INFO_V1(inbox_unsubscribe);
+PG_FUNCTION_INFO_V1(inbox_requeue);
+PG_FUNCTION_INFO_V1(inbox_discard);
+PG_FUNCTION_INFO_V1(inbox_worker_status);
+
+/* The longest subscription name, in bytes. */
+#define MAX_SUBSCRIPTION_NAME 200
+
+/* inbox_subscribe()'s arguments, as the install script declares them. */
+typedef enum SubscribeArgument
+{
+	ARG_NAME,
+	ARG_TOPICS,
+	ARG_HANDLER,
+	ARG_MAX_ATTEMPTS,
+	ARG_START_FROM,
+	ARG_RUN_AS
+} SubscribeArgument;
+
+/* The columns of inbox_worker_status(). */
+typedef enum InboxWorkerColumn
+{
+	COL_PID,
+	COL_STATE,
+	COL_STARTED_AT,
+	COL_APPLIED,
+	COL_DUPLICATES,
+	COL_FAILED,
+	COL_DEAD_LETTERED,
+	COL_LAST_APPLIED_AT,
+	COL_LAST_ERROR,
+	COL_LAST_ERROR_AT,
+	NUM_INBOX_WORKER_COLUMNS
+} InboxWorkerColumn;
+
+/* What the transaction is to tell the inbox worker at commit. */
+static bool tell_inbox_at_commit = false;
+static bool xact_callback_registered = false;
+
+static void
+tell_inbox_at_transaction_end(XactEvent event, void *arg)
+{
+	if (!tell_inbox_at_commit)
+		return;
+	if (event == XACT_EVENT_COMMIT)
+	{
+		tell_inbox_at_commit = false;
+		inbox_want_worker(MyDatabaseId);
+	}
+	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PREPARE)
+		tell_inbox_at_commit = false;
+}
+
+/*
+ * At commit, the database's inbox worker is to read its subscriptions and
+ * retries again, and the launcher to start one if none runs.
+ */
+static void
+tell_inbox_at_commit_of_this_transaction(void)
+{
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(tell_inbox_at_transaction_end, NULL);
+		xact_callback_registered = true;
+	}
+	tell_inbox_at_commit = true;
+}
+
+/*
+ * The extension, as each function finds it from its own oid: its schema
+ * (also quoted, for statements) and its owner.
+ */
+static Oid	extension_schema = InvalidOid;
+static const char *extension_schema_quoted = NULL;
+static Oid	extension_owner = InvalidOid;
+
+/* The role that owns the extension, and so its tables. */
+static Oid
+read_extension_owner(void)
+{
+	Oid			extension = get_extension_oid("outbox", false);
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	Oid			owner;
+
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(extension));
+	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "outbox: extension %u has no catalog row", extension);
+	owner = ((Form_pg_extension) GETSTRUCT(tuple))->extowner;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return owner;
+}
+
+static void
+find_extension(FunctionCallInfo fcinfo)
+{
+	extension_schema = get_func_namespace(fcinfo->flinfo->fn_oid);
+	extension_schema_quoted = quote_identifier(get_namespace_name(extension_schema));
+	extension_owner = read_extension_owner();
+}
+
+/*
+ * Run one statement (with %s for the extension's schema, as often as it
+ * appears) as the extension's owner.  Returns SPI's result code; the rows,
+ * if any, are in SPI_tuptable until SPI_finish().
+ */
+static int
+run_as_owner(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
+{
+	const char *schema = extension_schema_quoted;
+	Oid			saved_user;
+	int			saved_context;
+	int			rc;
+
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	SetUserIdAndSecContext(extension_owner, saved_context | SECURITY_LOCAL_USERID_CHANGE);
+	rc = SPI_execute_with_args(psprintf(sql, schema, schema, schema, schema), nargs, types,
+							   values, nulls, false, 0);
+	SetUserIdAndSecContext(saved_user, saved_context);
+	if (rc < 0)
+		elog(ERROR, "outbox: an inbox statement failed: %s", SPI_result_code_string(rc));
+	return rc;
+}
+
+/* Refuse unless the caller may act for the role (is it, a member, or a superuser). */
+static void
+check_may_act_for(Oid role, const char *action)
+{
+	if (!has_privs_of_role(GetUserId(), role))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s as role \"%s\"", action,
+						GetUserNameFromId(role, false)),
+				 errhint("Only the role a subscription runs as, its members and superusers may.")));
+}
+
+/* The oid of the type inbox_message, in the extension's schema. */
+static Oid
+inbox_message_type(void)
+{
+	return GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+						   CStringGetDatum("inbox_message"), ObjectIdGetDatum(extension_schema));
+}
+
+static void
+check_subscription_name(text *name)
+{
+	int			len = VARSIZE_ANY_EXHDR(name);
+
+	if (len == 0 || len > MAX_SUBSCRIPTION_NAME)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("inbox subscription name must be 1 to %d bytes long", MAX_SUBSCRIPTION_NAME)));
+}
+
+/* The topics, each one a name Kafka allows; returns them without repeats. */
+static ArrayType *
+check_topics(ArrayType *topics)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			count;
+	int			kept = 0;
+
+	if (ARR_NDIM(topics) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("inbox topics must be a one-dimensional array")));
+	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &count);
+	if (count == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("inbox subscription must name at least one topic")));
+	for (int i = 0; i < count; i++)
+	{
+		bool		repeated = false;
+
+		check_kafka_topic("inbox", nulls[i] ? NULL : DatumGetTextPP(elems[i]));
+		for (int j = 0; j < kept && !repeated; j++)
+			repeated = VARSIZE_ANY_EXHDR(elems[j]) == VARSIZE_ANY_EXHDR(elems[i]) &&
+				memcmp(VARDATA_ANY(elems[j]), VARDATA_ANY(elems[i]),
+					   VARSIZE_ANY_EXHDR(elems[i])) == 0;
+		if (!repeated)
+			elems[kept++] = elems[i];
+	}
+	return construct_array(elems, kept, TEXTOID, -1, false, TYPALIGN_INT);
+}
+
+/*
+ * A handler is a plain function of one inbox_message, which the role it
+ * runs as may execute.  What it returns is ignored; a set is refused, as no
+ * one would read it.
+ */
+static void
+check_handler(Oid handler, Oid run_as)
+{
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
+	Form_pg_proc proc;
+	bool		fits;
+
+	if (!HeapTupleIsValid(tuple))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("inbox handler function %u does not exist", handler)));
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	fits = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
+		proc->pronargs == 1 && proc->proargtypes.values[0] == inbox_message_type();
+	ReleaseSysCache(tuple);
+	if (!fits)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("inbox handler %s does not take one inbox_message", format_procedure(handler)),
+				 errhint("A handler is a function of one argument, not a procedure nor a set-returning function: CREATE FUNCTION apply_order(m inbox_message) RETURNS void ...")));
+	if (pg_proc_aclcheck(handler, run_as, ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" may not execute inbox handler %s",
+						GetUserNameFromId(run_as, false), format_procedure(handler)),
+				 errhint("GRANT EXECUTE ON FUNCTION %s TO %s.", format_procedure(handler),
+						 quote_identifier(GetUserNameFromId(run_as, false)))));
+}
+
+/*
+ * The role a handler runs as: never a superuser, so that a handler never
+ * runs with more rights than the role that could have run it itself.
+ */
+static void
+check_run_as(Oid run_as)
+{
+	check_may_act_for(run_as, "subscribe");
+	if (superuser_arg(run_as))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("an inbox handler may not run as superuser \"%s\"",
+						GetUserNameFromId(run_as, false)),
+				 errhint("Subscribe with run_as => a role that is no superuser, granted what the handler needs.")));
+}
+
+static void
+check_start_from(const char *start_from)
+{
+	if (strcmp(start_from, "earliest") != 0 && strcmp(start_from, "now") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("inbox start_from must be 'earliest' or 'now', not \"%s\"", start_from),
+				 errhint("'earliest' reads each partition from its first message, 'now' from the first message stamped after the subscription was made.")));
+}
+
+Datum
+inbox_subscribe(PG_FUNCTION_ARGS)
+{
+	Oid			types[7] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, INT4OID, TEXTOID, TEXTOID};
+	Datum		values[7];
+	char		nulls[7] = "       ";
+	text	   *name;
+	Oid			handler;
+	Oid			run_as;
+	char	   *start_from;
+
+	for (int arg = ARG_NAME; arg <= ARG_START_FROM; arg++)
+		if (PG_ARGISNULL(arg) && arg != ARG_MAX_ATTEMPTS)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("inbox_subscribe: argument %d must not be NULL", arg + 1)));
+	find_extension(fcinfo);
+	name = PG_GETARG_TEXT_PP(ARG_NAME);
+	handler = PG_GETARG_OID(ARG_HANDLER);
+	run_as = PG_ARGISNULL(ARG_RUN_AS) ? GetUserId() : PG_GETARG_OID(ARG_RUN_AS);
+	start_from = text_to_cstring(PG_GETARG_TEXT_PP(ARG_START_FROM));
+
+	check_subscription_name(name);
+	values[1] = PointerGetDatum(check_topics(PG_GETARG_ARRAYTYPE_P(ARG_TOPICS)));
+	check_run_as(run_as);
+	check_handler(handler, run_as);
+	if (!PG_ARGISNULL(ARG_MAX_ATTEMPTS) && PG_GETARG_INT32(ARG_MAX_ATTEMPTS) < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("inbox max_attempts must be at least 1")));
+	check_start_from(start_from);
+
+	values[0] = PointerGetDatum(name);
+	values[2] = CStringGetTextDatum(format_procedure_qualified(handler));
+	values[3] = ObjectIdGetDatum(run_as);
+	values[4] = PG_ARGISNULL(ARG_MAX_ATTEMPTS) ? (Datum) 0 : PG_GETARG_DATUM(ARG_MAX_ATTEMPTS);
+	nulls[4] = PG_ARGISNULL(ARG_MAX_ATTEMPTS) ? 'n' : ' ';
+	values[5] = CStringGetTextDatum(start_from);
+	values[6] = CStringGetTextDatum(GetConfigOption("search_path", false, false));
+
+	SPI_connect();
+	if (run_as_owner("SELECT FROM %s.inbox_subscription WHERE name OPERATOR(pg_catalog.=) $1",
+					 1, types, values, nulls) == SPI_OK_SELECT && SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("inbox subscription \"%s\" already exists", text_to_cstring(name))));
+	run_as_owner("INSERT INTO %s.inbox_subscription"
+				 " (name, topics, handler, run_as, max_attempts, start_from, search_path)"
+				 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7)",
+				 7, types, values, nulls);
+	SPI_finish();
+	tell_inbox_at_commit_of_this_transaction();
+	PG_RETURN_VOID();
+}
+
+/*
+ * The role of a subscription, checked that the caller may act for it;
+ * InvalidOid if there is no such subscription.
+ */
+static Oid
+subscription_role(text *name, const char *action)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1] = {PointerGetDatum(name)};
+	bool		isnull;
+	Oid			run_as;
+
+	run_as_owner("SELECT run_as::pg_catalog.oid FROM %s.inbox_subscription"
+				 " WHERE name OPERATOR(pg_catalog.=) $1",
+				 1, types, values, NULL);
+	if (SPI_processed == 0)
+		return InvalidOid;
+	run_as = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+											&isnull));
+	check_may_act_for(run_as, action);
+	return run_as;
+}
+
+Datum
+inbox_unsubscribe(PG_FUNCTION_ARGS)
+{
+	text	   *name;
+	bool		discard_pending = !PG_ARGISNULL(1) && PG_GETARG_BOOL(1);
+	Oid			types[1] = {TEXTOID};
+	Datum		values[1];
+	bool		isnull;
+	int64		pending;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("inbox subscription name must not be NULL")));
+	find_extension(fcinfo);
+	name = PG_GETARG_TEXT_PP(0);
+	values[0] = PointerGetDatum(name);
+
+	SPI_connect();
+	if (!OidIsValid(subscription_role(name, "unsubscribe")))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("inbox subscription \"%s\" does not exist", text_to_cstring(name))));
+	run_as_owner("SELECT (SELECT pg_catalog.count(*) FROM %s.inbox_retry"
+				 "         WHERE subscription OPERATOR(pg_catalog.=) $1)"
+				 " OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM %s.inbox_dead_letter"
+				 "         WHERE subscription OPERATOR(pg_catalog.=) $1)",
+				 1, types, values, NULL);
+	pending = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (pending > 0 && !discard_pending)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("inbox subscription \"%s\" has " INT64_FORMAT " messages waiting to retry or dead-lettered",
+						text_to_cstring(name), pending),
+				 errhint("Requeue or discard them first, or drop them with the subscription: inbox_unsubscribe(name, discard_pending => true).")));
+	run_as_owner("DELETE FROM %s.inbox_dead_letter WHERE subscription OPERATOR(pg_catalog.=) $1",
+				 1, types, values, NULL);
+	run_as_owner("DELETE FROM %s.inbox_received WHERE subscription OPERATOR(pg_catalog.=) $1",
+				 1, types, values, NULL);
+	run_as_owner("DELETE FROM %s.inbox_subscription WHERE name OPERATOR(pg_catalog.=) $1",
+				 1, types, values, NULL);
+	SPI_finish();
+	tell_inbox_at_commit_of_this_transaction();
+	PG_RETURN_VOID();
+}
+
+/* The role of a dead letter's subscription, checked; InvalidOid if there is no such dead letter. */
+static Oid
+dead_letter_role(Datum dead_letter_id, const char *action)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		values[1] = {dead_letter_id};
+	bool		isnull;
+	Oid			run_as;
+
+	run_as_owner("SELECT run_as::pg_catalog.oid FROM %s.inbox_dead_letter"
+				 " WHERE id OPERATOR(pg_catalog.=) $1",
+				 1, types, values, NULL);
+	if (SPI_processed == 0)
+		return InvalidOid;
+	run_as = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+											&isnull));
+	check_may_act_for(run_as, action);
+	return run_as;
+}
+
+/*
+ * A dead letter goes back to be applied again, behind the messages of its
+ * key that wait (if any do), as a retry with no failed attempt.
+ */
+Datum
+inbox_requeue(PG_FUNCTION_ARGS)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		values[1] = {PG_GETARG_DATUM(0)};
+	bool		isnull = true;
+	Datum		requeued = (Datum) 0;
+
+	find_extension(fcinfo);
+	SPI_connect();
+	if (OidIsValid(dead_letter_role(values[0], "requeue")))
+	{
+		run_as_owner("WITH d AS (DELETE FROM %s.inbox_dead_letter WHERE id OPERATOR(pg_catalog.=) $1"
+					 "           RETURNING *)"
+					 " INSERT INTO %s.inbox_retry (subscription, run_as, topic, \"partition\", \"offset\","
+					 "     key, headers, payload, message_id, \"timestamp\", next_attempt_at, received_at)"
+					 " SELECT d.subscription, d.run_as, d.topic, d.\"partition\", d.\"offset\", d.key,"
+					 "     d.headers, d.payload, d.message_id, d.\"timestamp\","
+					 "     CASE WHEN EXISTS (SELECT FROM %s.inbox_retry r"
+					 "                       WHERE r.subscription OPERATOR(pg_catalog.=) d.subscription"
+					 "                         AND r.topic OPERATOR(pg_catalog.=) d.topic"
+					 "                         AND r.key OPERATOR(pg_catalog.=) d.key)"
+					 "          THEN NULL ELSE pg_catalog.now() END,"
+					 "     d.received_at"
+					 " FROM d JOIN %s.inbox_subscription s ON s.name OPERATOR(pg_catalog.=) d.subscription"
+					 " RETURNING id",
+					 1, types, values, NULL);
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the subscription of inbox dead letter " INT64_FORMAT " no longer exists",
+							DatumGetInt64(values[0])),
+					 errhint("Subscribe again under the same name, or discard it with inbox_discard().")));
+		requeued = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		tell_inbox_at_commit_of_this_transaction();
+	}
+	SPI_finish();
+	if (isnull)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(requeued);
+}
+
+Datum
+inbox_discard(PG_FUNCTION_ARGS)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		values[1] = {PG_GETARG_DATUM(0)};
+	bool		existed = false;
+
+	find_extension(fcinfo);
+	SPI_connect();
+	if (OidIsValid(dead_letter_role(values[0], "discard")))
+	{
+		run_as_owner("DELETE FROM %s.inbox_dead_letter WHERE id OPERATOR(pg_catalog.=) $1",
+					 1, types, values, NULL);
+		existed = SPI_processed > 0;
+	}
+	SPI_finish();
+	PG_RETURN_BOOL(existed);
+}
+
+/* One row: this database's inbox worker, or "stopped" if none runs. */
+Datum
+inbox_worker_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum		values[NUM_INBOX_WORKER_COLUMNS];
+	bool		nulls[NUM_INBOX_WORKER_COLUMNS] = {0};
+	InboxStatus s;
+
+	InitMaterializedSRF(fcinfo, 0);
+	(void) inbox_read(MyDatabaseId, &s);
+	values[COL_PID] = Int32GetDatum(s.pid);
+	nulls[COL_PID] = s.pid == 0;
+	values[COL_STATE] = CStringGetTextDatum(inbox_state_name(s.pid == 0 ? INBOX_STOPPED : s.state));
+	values[COL_STARTED_AT] = TimestampTzGetDatum(s.started_at);
+	nulls[COL_STARTED_AT] = s.pid == 0;
+	values[COL_APPLIED] = Int64GetDatum((int64) s.applied);
+	values[COL_DUPLICATES] = Int64GetDatum((int64) s.duplicates);
+	values[COL_FAILED] = Int64GetDatum((int64) s.failed);
+	values[COL_DEAD_LETTERED] = Int64GetDatum((int64) s.dead_lettered);
+	values[COL_LAST_APPLIED_AT] = TimestampTzGetDatum(s.last_applied_at);
+	nulls[COL_LAST_APPLIED_AT] = s.last_applied_at == 0;
+	values[COL_LAST_ERROR] = CStringGetTextDatum(s.last_error);
+	nulls[COL_LAST_ERROR] = s.last_error[0] == '\0';
+	values[COL_LAST_ERROR_AT] = TimestampTzGetDatum(s.last_error_at);
+	nulls[COL_LAST_ERROR_AT] = s.last_error_at == 0;
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	return (Datum) 0;
+}

@@ -1,0 +1,423 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_worker.c
+ *	  The inbox worker: a dynamic background worker per database that has
+ *	  inbox subscriptions, started by the launcher beside the database's
+ *	  publisher (launcher.c's manage_inbox()).  For each subscription it
+ *	  runs a consumer (inbox_consumer.c), a Kafka process reading the
+ *	  subscription's topics from the offsets recorded in inbox_offset, and
+ *	  applies what it reads, a batch per transaction (inbox_apply.c).
+ *
+ * Its loop: read the subscriptions again when woken (a backend made,
+ * dropped or requeued something: inbox_sql.c) or every
+ * outbox.poll_interval; start the consumers that are missing; ask each for
+ * its next batch; wait for a batch, the latch or a timeout; apply the
+ * batches that came, then the retries that are due.  A consumer whose
+ * batch could not be applied for a reason of the worker's own, or that
+ * died, is stopped and started again after a pause, from the recorded
+ * offsets: nothing it had read past them is lost.  The worker leaves when
+ * its database has no subscription left, when the extension is not there,
+ * and when the launcher hands its slot out again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "inbox.h"
+#include "inbox_consumer.h"
+#include "settings.h"
+#include "worker_slot.h"
+
+/* The pause before a consumer that failed, or whose batch failed, starts again. */
+#define CONSUMER_RESTART_PAUSE_MS 5000
+
+/* How often the ids older than outbox.inbox_dedup_retention are forgotten. */
+#define FORGET_INTERVAL_MS (60 * 1000)
+
+/* The only schemas the worker's own statements may find names in. */
+#define WORKER_SEARCH_PATH "pg_catalog, pg_temp"
+
+extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
+
+/* A subscription and what the worker runs for it. */
+typedef struct Subscriber
+{
+	MemoryContext context;		/* the subscription's copy, and its batches */
+	InboxSubscription *subscription;
+	InboxConsumer *consumer;	/* NULL while none runs */
+	TimestampTz start_after;	/* no consumer starts before then */
+	TimestampTz next_retry_at;	/* 0: to be asked; DT_NOEND: none waits */
+} Subscriber;
+
+static List *subscribers = NIL;
+static TimestampTz subscriptions_read_at = 0;
+static TimestampTz forget_at = 0;
+static bool woken = true;		/* the latch was set: read the subscriptions */
+
+static bool
+same_strings(char **a, int a_count, char **b, int b_count)
+{
+	if (a_count != b_count)
+		return false;
+	for (int i = 0; i < a_count; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return true;
+}
+
+/* Does the subscription read and apply as it did (it was not made anew)? */
+static bool
+same_subscription(const InboxSubscription *a, const InboxSubscription *b)
+{
+	return strcmp(a->name, b->name) == 0 &&
+		same_strings(a->topics, a->topic_count, b->topics, b->topic_count) &&
+		strcmp(a->handler, b->handler) == 0 && a->run_as == b->run_as &&
+		a->max_attempts == b->max_attempts && a->from_earliest == b->from_earliest &&
+		a->created_at == b->created_at && strcmp(a->search_path, b->search_path) == 0;
+}
+
+static void
+stop_consumer(Subscriber *sub, long pause_ms)
+{
+	if (sub->consumer)
+		consumer_stop(sub->consumer);
+	sub->consumer = NULL;
+	sub->start_after = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), pause_ms);
+}
+
+static void
+drop_subscriber(Subscriber *sub)
+{
+	stop_consumer(sub, 0);
+	MemoryContextDelete(sub->context);
+	pfree(sub);
+}
+
+/* A deep copy of a subscription, in the current memory context. */
+static InboxSubscription *
+copy_subscription(const InboxSubscription *s)
+{
+	InboxSubscription *copy = palloc(sizeof(InboxSubscription));
+
+	*copy = *s;
+	copy->name = pstrdup(s->name);
+	copy->topics = palloc(sizeof(char *) * s->topic_count);
+	for (int i = 0; i < s->topic_count; i++)
+		copy->topics[i] = pstrdup(s->topics[i]);
+	copy->handler = pstrdup(s->handler);
+	copy->search_path = pstrdup(s->search_path);
+	return copy;
+}
+
+static Subscriber *
+new_subscriber(const InboxSubscription *s)
+{
+	MemoryContext caller = MemoryContextSwitchTo(TopMemoryContext);
+	Subscriber *sub = palloc0(sizeof(Subscriber));
+
+	sub->context = AllocSetContextCreate(TopMemoryContext, "inbox subscription",
+										 ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(sub->context);
+	sub->subscription = copy_subscription(s);
+	MemoryContextSwitchTo(caller);
+	return sub;
+}
+
+/*
+ * Read the subscriptions again: keep the subscribers of those unchanged,
+ * stop those dropped or made anew, add the new ones.  What is read is in
+ * the loop's memory context; the subscribers are in their own.
+ */
+static void
+refresh_subscriptions_when_due(void)
+{
+	List	   *read;
+	List	   *kept = NIL;
+	ListCell   *lc;
+
+	if (!woken && TimestampDifferenceMilliseconds(subscriptions_read_at, GetCurrentTimestamp())
+		< outbox_poll_interval)
+		return;
+	read = inbox_read_subscriptions();
+	foreach(lc, read)
+	{
+		InboxSubscription *s = lfirst(lc);
+		Subscriber *found = NULL;
+		ListCell   *old;
+		MemoryContext caller;
+
+		foreach(old, subscribers)
+		{
+			Subscriber *sub = lfirst(old);
+
+			if (sub && same_subscription(sub->subscription, s))
+			{
+				found = sub;
+				lfirst(old) = NULL;
+			}
+		}
+		caller = MemoryContextSwitchTo(TopMemoryContext);
+		kept = lappend(kept, found ? found : new_subscriber(s));
+		MemoryContextSwitchTo(caller);
+	}
+	foreach(lc, subscribers)
+		if (lfirst(lc))
+			drop_subscriber(lfirst(lc));
+	list_free(subscribers);
+	subscribers = kept;
+	subscriptions_read_at = GetCurrentTimestamp();
+	woken = false;
+}
+
+/* Start the consumers that are missing and due, from the recorded offsets. */
+static void
+start_consumers(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, subscribers)
+	{
+		Subscriber *sub = lfirst(lc);
+		char		reason[256];
+
+		if (sub->consumer && !consumer_alive(sub->consumer))
+			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
+		if (sub->consumer && consumer_settings_changed(sub->consumer))
+			stop_consumer(sub, 0);
+		if (sub->consumer || GetCurrentTimestamp() < sub->start_after)
+			continue;
+		sub->consumer = consumer_start(sub->subscription,
+									   inbox_read_positions(sub->subscription),
+									   reason, sizeof(reason));
+		if (sub->consumer == NULL)
+		{
+			inbox_report_state(INBOX_WAITING_FOR_BROKERS);
+			inbox_report_error(LOG, "could not start the consumer of subscription \"%s\": %s",
+							   sub->subscription->name, reason);
+			sub->start_after = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   CONSUMER_RESTART_PAUSE_MS);
+		}
+	}
+}
+
+/* How long the loop may sleep: until a retry or a consumer's start is due. */
+static long
+time_to_next_event(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz next = TimestampTzPlusMilliseconds(now, outbox_poll_interval);
+	ListCell   *lc;
+
+	foreach(lc, subscribers)
+	{
+		Subscriber *sub = lfirst(lc);
+
+		if (sub->consumer == NULL)
+			next = Min(next, sub->start_after);
+		if (sub->next_retry_at != DT_NOEND)
+			next = Min(next, sub->next_retry_at);
+	}
+	next = Min(next, forget_at);
+	return Max(TimestampDifferenceMilliseconds(now, next), 0);
+}
+
+/*
+ * Ask each consumer for its next batch, and wait for one of them to
+ * answer, for the latch, or until the next event is due.
+ */
+static void
+wait_for_batches(void)
+{
+	WaitEventSet *set = CreateWaitEventSet(CurrentMemoryContext, 2 + list_length(subscribers));
+	WaitEvent	event;
+	ListCell   *lc;
+
+	AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	foreach(lc, subscribers)
+	{
+		Subscriber *sub = lfirst(lc);
+
+		if (sub->consumer == NULL)
+			continue;
+		consumer_fetch(sub->consumer, outbox_inbox_batch_size, outbox_max_batch_kb * 1024);
+		if (consumer_alive(sub->consumer))
+			AddWaitEventToSet(set, WL_SOCKET_READABLE, consumer_socket(sub->consumer), NULL, NULL);
+	}
+	if (WaitEventSetWait(set, time_to_next_event(), &event, 1, PG_WAIT_EXTENSION) > 0 &&
+		(event.events & WL_LATCH_SET))
+	{
+		ResetLatch(MyLatch);
+		woken = true;
+	}
+	FreeWaitEventSet(set);
+}
+
+static void
+count_outcome(const InboxOutcome *outcome, Subscriber *sub)
+{
+	inbox_count_outcomes(outcome->applied, outcome->duplicates, outcome->failed,
+						 outcome->dead_lettered);
+	if (outcome->retries_added)
+		sub->next_retry_at = 0;
+}
+
+/*
+ * Read what each consumer sent: record the partitions it was assigned,
+ * apply its batch.  A batch that could not be applied (nothing of it is
+ * committed) stops the consumer, to read from the recorded offsets again.
+ */
+static void
+apply_batches(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, subscribers)
+	{
+		Subscriber *sub = lfirst(lc);
+		InboxBatch *batch;
+		List	   *assigned;
+		InboxOutcome outcome;
+
+		if (sub->consumer == NULL)
+			continue;
+		consumer_serve(sub->consumer);
+		if ((assigned = consumer_take_assigned(sub->consumer)) != NIL)
+			inbox_record_positions(sub->subscription, assigned);
+		if ((batch = consumer_take_batch(sub->consumer)) == NULL)
+			continue;
+		inbox_report_state(INBOX_APPLYING);
+		if (inbox_apply_batch(sub->subscription, batch, &outcome))
+			count_outcome(&outcome, sub);
+		else
+			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
+		MemoryContextDelete(batch->context);
+	}
+}
+
+/* Try the messages whose next attempt is due; ask when the next one is. */
+static void
+apply_due_retries(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, subscribers)
+	{
+		Subscriber *sub = lfirst(lc);
+		InboxOutcome outcome;
+
+		if (woken)
+			sub->next_retry_at = 0; /* a dead letter may have been requeued */
+		if (sub->next_retry_at == 0)
+		{
+			long		ms = inbox_ms_until_next_retry(sub->subscription);
+
+			sub->next_retry_at = ms < 0 ? DT_NOEND :
+				TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+		}
+		if (GetCurrentTimestamp() < sub->next_retry_at)
+			continue;
+		inbox_report_state(INBOX_APPLYING);
+		if (inbox_apply_due_retries(sub->subscription, &outcome))
+			count_outcome(&outcome, sub);
+		sub->next_retry_at = 0;
+	}
+}
+
+static void
+forget_old_ids_when_due(void)
+{
+	if (GetCurrentTimestamp() < forget_at)
+		return;
+	inbox_forget_old_ids();
+	forget_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), FORGET_INTERVAL_MS);
+}
+
+/*
+ * Is there still something to consume for?  With no subscription left, the
+ * launcher is told not to start another inbox worker, and the
+ * subscriptions are read a last time: one made meanwhile says so again.
+ */
+static bool
+have_subscriptions(void)
+{
+	if (subscribers != NIL)
+		return true;
+	inbox_forget_wanted();
+	woken = true;
+	refresh_subscriptions_when_due();
+	return subscribers != NIL;
+}
+
+/*
+ * Connect to the slot's database.  The worker runs as the bootstrap
+ * superuser, so its own statements must resolve in pg_catalog only: the
+ * search_path is set for the session, over the database's and the role's
+ * settings.  Not as an override, as the publisher does, so that the
+ * handlers' search_path (inbox_apply.c) and their functions' SET clauses
+ * apply to them.
+ */
+static void
+connect_to_database(Oid database)
+{
+	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	SetConfigOption("search_path", WORKER_SEARCH_PATH, PGC_SUSET, PGC_S_SESSION);
+	pgstat_report_appname("outbox inbox");
+}
+
+void
+outbox_inbox_main(Datum main_arg)
+{
+	MemoryContext loop_context;
+	uint32		generation;
+	Oid			database;
+	ListCell   *lc;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	memcpy(&generation, MyBgworkerEntry->bgw_extra, sizeof(generation));
+	database = inbox_attach(DatumGetInt32(main_arg), generation);
+	if (!OidIsValid(database))
+		proc_exit(0);			/* its slot was handed out again */
+	connect_to_database(database);
+	if (!inbox_extension_ready())
+	{
+		inbox_forget_wanted();
+		proc_exit(0);
+	}
+
+	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox inbox loop",
+										 ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(loop_context);
+	while (!ShutdownRequestPending && inbox_slot_still_mine())
+	{
+		CHECK_FOR_INTERRUPTS();
+		(void) settings_reload_if_asked();
+		refresh_subscriptions_when_due();
+		if (!have_subscriptions())
+			break;
+		start_consumers();
+		inbox_report_state(INBOX_IDLE);
+		wait_for_batches();
+		apply_batches();
+		apply_due_retries();
+		forget_old_ids_when_due();
+		MemoryContextReset(loop_context);
+	}
+
+	foreach(lc, subscribers)
+		stop_consumer(lfirst(lc), 0);
+	proc_exit(0);
+}

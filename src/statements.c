@@ -1,0 +1,131 @@
+/*-------------------------------------------------------------------------
+ *
+ * statements.c
+ *	  The workers' prepared statements.  A worker's SQL is a StatementSet:
+ *	  statements named for its errors, prepared with SPI once per extension
+ *	  schema (SPI_keepplan()), again if the extension is dropped and created
+ *	  anew.  Callers run inside a transaction with SPI connected.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/pg_extension.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "statements.h"
+
+/* The schema the outbox extension is created in, or InvalidOid; and its oid. */
+Oid
+extension_namespace(Oid *extension)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	Oid			namespace = InvalidOid;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum("outbox"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		namespace = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+		*extension = ((Form_pg_extension) GETSTRUCT(tuple))->oid;
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return namespace;
+}
+
+/* Drop the prepared statements, after DROP EXTENSION for instance. */
+void
+statements_forget(StatementSet *set)
+{
+	for (int i = 0; set->plans && i < set->count; i++)
+	{
+		if (set->plans[i])
+			SPI_freeplan(set->plans[i]);
+		set->plans[i] = NULL;
+	}
+	set->namespace = InvalidOid;
+	set->extension = InvalidOid;
+}
+
+/*
+ * Is the extension created in this database?  If so, lock it against DROP
+ * EXTENSION until the transaction ends, so that its tables stay for the
+ * transaction, make sure the statements are prepared for its schema, and
+ * return its oid; else drop them and return InvalidOid.
+ */
+Oid
+statements_find_extension(StatementSet *set)
+{
+	Oid			extension = InvalidOid;
+	Oid			namespace = extension_namespace(&extension);
+	const char *schema;
+
+	if (OidIsValid(namespace))
+	{
+		Oid			locked = extension;
+
+		/* it may have gone while we waited for the lock: look again */
+		LockDatabaseObject(ExtensionRelationId, locked, 0, AccessShareLock);
+		namespace = extension_namespace(&extension);
+		if (extension != locked)
+			namespace = InvalidOid;
+	}
+	if (!OidIsValid(namespace))
+	{
+		statements_forget(set);
+		return InvalidOid;
+	}
+
+	if (namespace == set->namespace && extension == set->extension)
+		return extension;
+
+	statements_forget(set);
+	if (set->plans == NULL)
+		set->plans = MemoryContextAllocZero(TopMemoryContext, sizeof(SPIPlanPtr) * set->count);
+	schema = quote_identifier(get_namespace_name(namespace));
+	for (int i = 0; i < set->count; i++)
+	{
+		const StatementDef *def = &set->defs[i];
+		char	   *sql = psprintf(def->sql, schema);
+
+		set->plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes, def->plan);
+		if (set->plans[i] == NULL)
+			elog(ERROR, "outbox: could not prepare worker statement \"%s\": %s",
+				 def->name, SPI_result_code_string(SPI_result));
+		SPI_keepplan(set->plans[i]);
+		pfree(sql);
+	}
+	set->namespace = namespace;
+	set->extension = extension;
+	return extension;
+}
+
+/*
+ * Run a prepared statement (nulls as SPI_execute_plan() takes them);
+ * anything but the expected result is an ERROR.  Returns the rows
+ * processed.
+ */
+int
+statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls, int expected)
+{
+	int			rc = SPI_execute_plan(set->plans[stmt], args, nulls, false, 0);
+
+	if (rc != expected)
+		elog(ERROR, "outbox: worker statement \"%s\" failed: %s",
+			 set->defs[stmt].name, SPI_result_code_string(rc));
+	return (int) SPI_processed;
+}

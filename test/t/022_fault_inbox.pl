@@ -1,0 +1,96 @@
+# Fault suite, the inbox: database A (node "shop") enqueues under load,
+# database B (node "coupons") applies each message through an inbox
+# subscription whose handler inserts a row.  Under each fault, in the
+# middle of a backlog, nothing committed in A is lost in B, nothing is
+# applied twice, and each key keeps its order:
+#   - B's inbox worker killed with SIGKILL (B restarts, as after any crash);
+#   - B stopped with "pg_ctl stop -m immediate" and started again;
+#   - the broker killed with SIGKILL and started again;
+#   - A's publishing worker killed with SIGKILL: A may publish its batch
+#     twice, and B applies it once.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+# The test framework turns crash restarts off; a production server has them on.
+my $shop = outbox_node('shop', conf => 'restart_after_crash = on');
+my $coupons = outbox_node('coupons', conf => 'restart_after_crash = on');
+$coupons->safe_psql('postgres', q{
+	CREATE ROLE coupon_svc;
+	CREATE TABLE inbox_applied (seq bigserial PRIMARY KEY, message_id uuid, key text);
+	GRANT INSERT ON inbox_applied TO coupon_svc;
+	GRANT USAGE ON SEQUENCE inbox_applied_seq_seq TO coupon_svc;
+	CREATE FUNCTION apply_message(m inbox_message) RETURNS void
+	LANGUAGE sql AS $$ INSERT INTO inbox_applied (message_id, key) VALUES (m.message_id, m.key) $$;
+});
+
+# The process to kill, by its backend_type, on the node.
+sub pid_of
+{
+	my ($node, $type) = @_;
+	return $node->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = '$type'");
+}
+
+sub kill_and_wait_for_restart
+{
+	my ($node, $type, $scenario) = @_;
+	my $pid = pid_of($node, $type);
+	kill 'KILL', $pid or die "cannot kill the $type: $!";
+	ok(wait_for_query($node,
+			"SELECT count(*) FROM pg_stat_activity WHERE backend_type = '$type' AND pid <> $pid", '1', 120),
+		"$scenario: the cluster restarts with a new $type");
+}
+
+my $n = 0;
+for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B',
+	'broker SIGKILL', 'publishing worker SIGKILL in A')
+{
+	my $topic = unique_topic('fault.inbox');
+	kafka_admin('create-topic', $topic, '--partitions', 3);
+	$n++;
+	$coupons->safe_psql('postgres', qq{
+		SELECT inbox_subscribe('s$n', ARRAY['$topic'], 'apply_message(inbox_message)', run_as => 'coupon_svc')});
+	ok($coupons->poll_query_until('postgres', "SELECT count(*) FROM inbox_status WHERE topic = '$topic'", '3'),
+		"$fault: subscribed");
+
+	my $load = start_load($shop, topics => [$topic], duration => 15);
+	sleep(2);
+	enqueue_backlog($shop, $topic, 20000);
+	# the fault comes once the inbox is in the middle of the backlog
+	ok(wait_for_query($coupons, 'SELECT count(*) BETWEEN 100 AND 19000 FROM inbox_applied', 't', 60),
+		"$fault: the inbox is in the middle of the backlog")
+	  unless $fault =~ /in A/;
+	if ($fault =~ /^inbox worker/)
+	{
+		kill_and_wait_for_restart($coupons, 'outbox inbox', $fault);
+	}
+	elsif ($fault =~ /immediate/)
+	{
+		$coupons->stop('immediate');
+		$coupons->start;
+	}
+	elsif ($fault =~ /broker/)
+	{
+		broker_ctl('kill');
+		sleep(2);
+		broker_ctl('start');
+	}
+	else
+	{
+		ok(wait_for_query($shop, 'SELECT state FROM outbox_worker', 'publishing', 60),
+			"$fault: A's worker is publishing");
+		kill_and_wait_for_restart($shop, 'outbox worker', $fault);
+	}
+	finish_load($load);
+	inbox_check($shop, $coupons, scenario => $fault, topics => [$topic]);
+	$coupons->safe_psql('postgres', "TRUNCATE inbox_applied; SELECT inbox_unsubscribe('s$n')");
+	$shop->safe_psql('postgres', 'TRUNCATE fault_log');
+}
+
+$shop->stop('fast');
+$coupons->stop('fast');
+done_testing();
