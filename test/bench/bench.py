@@ -15,6 +15,10 @@
 #   B6  three databases at 1,000 messages per second each, beside one at 3,000
 #   B7  B3's rates with an asynchronous standby, outbox.synchronized_standby_slots
 #       off and then on
+#   B8  end to end: 1,000 msg/s enqueued in one database, applied in another by
+#       the inbox; beside the tuned poller and a hand-written consumer
+#   B9  consume: a million messages in Kafka applied by the inbox's handler,
+#       beside a hand-written consumer (peers.py consume)
 #
 # Every figure is printed beside the peers' measured in the same run, as a
 # ratio: absolute times on a shared machine drift.  Progress goes to stderr,
@@ -51,16 +55,18 @@ import psycopg2
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from peers import CONSUME_BATCH
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3"
 
 SIZES = {
     "default": {"b1b_rows": 1_000_000, "b1b_chunk": 100_000, "b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
                 "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300, "b6_seconds": 25,
-                "b6_warmup": 20},
+                "b6_warmup": 20, "b9_messages": 1_000_000, "b8_seconds": 30},
     "quick": {"b1b_rows": 100_000, "b1b_chunk": 10_000, "b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
               "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60, "b6_seconds": 8,
-              "b6_warmup": 5},
+              "b6_warmup": 5, "b9_messages": 100_000, "b8_seconds": 8},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
 # B5: B3's 1,000 msg/s; a baseline without the hold, then the hold (its size's
@@ -108,7 +114,58 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7")
+PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B9")
+# B8 and B9 measure the inbox (schema 0.5.0): inbox_subscribe() makes a
+# worker in the database read Kafka topics and call a handler for each
+# message in the transaction that records it as consumed.  Its handlers here
+# insert one row into a table of APPLIED_TABLE's shape; they run as a role
+# that is no superuser (INBOX["role"]), granted what they need.  The peer is
+# peers.py consume, into a table of the same shape and a processed-id table
+# of its own.  Where inbox_subscribe() does not exist, our half is skipped
+# and the peer's still measured.
+INBOX = {"role": "bench_inbox", "missing": "the inbox is not installed: inbox_subscribe() does not exist"}
+APPLIED_TABLE = """
+    DROP TABLE IF EXISTS {table};
+    CREATE TABLE {table} (
+        id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        message_id uuid,
+        key        text,
+        payload    jsonb NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    )"""
+PROCESSED_TABLE = """
+    DROP TABLE IF EXISTS {table};
+    CREATE TABLE {table} (message_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())"""
+INBOX_HANDLER = """
+    CREATE OR REPLACE FUNCTION {table}_handler(m inbox_message) RETURNS void
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO {table} (message_id, key, payload) VALUES (m.message_id, m.key, payload_jsonb(m));
+    END
+    $$;
+    GRANT INSERT ON {table} TO {role};
+    GRANT EXECUTE ON FUNCTION {table}_handler(inbox_message) TO {role}"""
+# B9: its size's "b9_messages" produced to bench.b9 before anything consumes
+# (~75-byte JSON, "keys" keys, a fresh UUID in the outbox-message-id header
+# of each, as the outbox's worker writes them), then consumed from the
+# earliest offset by our inbox and by the peer in turn, each into its own
+# table; msg/s from the subscription (the peer's start) until the table
+# holds them all, the wait for the first row reported apart as start-up.
+# "deadline": seconds, at least, before a consumer is reported unfinished.
+B9 = {"topic": "bench.b9", "keys": 10_000, "deadline": 300, "min_rate": 2_000,
+      "target_rate": 50_000, "target_ratio": 2.0}
+# B8: B3's load of 1,000 msg/s (one message per transaction) into the
+# bench database A, published by our worker (or the tuned poller from
+# tuned_message), applied in B (the first of --more-databases) by our inbox
+# (or peers.py consume) with a handler that inserts a row stamped
+# clock_timestamp(); its size's "b8_seconds" measured after "warmup"
+# seconds.  Latency: from the payload's enqueue time in A to the row's
+# being visible in B, read by a thread that polls B's table every "poll"
+# seconds (an upper bound of B's commit, by at most the poll and its
+# query), and to the handler's clock_timestamp() (a lower bound, before
+# B's commit).  "grace": seconds after the load for the last to arrive.
+B8 = {"rate": 1000, "warmup": 5, "poll": 0.002, "grace": 30, "target_p99": 20}
+B8_PEERS = ("ours", "tuned")
 # B3: messages per second offered, and per transaction.  This 2-core machine
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
@@ -449,6 +506,140 @@ def children(pid):
     return found
 
 
+def process_cpu(pid):
+    """cpu_seconds() of one process, 0 if it has ended."""
+    try:
+        return cpu_seconds([pid])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+
+
+def descendants(pid):
+    """pid and every process below it (a worker's Kafka process too), from one scan of /proc."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += [child for child, ppid in parent.items() if ppid == p]
+    return found
+
+
+class CpuMeter:
+    """CPU seconds used by some processes since the meter started.  pids()
+    is asked at the start and at each read: a process found later counts
+    from its beginning; one that ended counts no more (the postmaster's
+    children, reaped, count on in its cutime, which cpu_seconds() adds)."""
+
+    def __init__(self, pids):
+        self.pids = pids
+        self.start = {pid: process_cpu(pid) for pid in pids()}
+
+    def seconds(self):
+        return sum(process_cpu(pid) - self.start.get(pid, 0.0) for pid in self.pids())
+
+
+class Pressure:
+    """The share of the time since it was made in which some task of the
+    machine waited for a CPU (/proc/pressure/cpu's "some"), in percent;
+    None without the kernel's pressure stall information."""
+
+    def __init__(self):
+        self.began, self.since = time.monotonic(), stalled_microseconds("cpu")
+
+    def percent(self):
+        now = stalled_microseconds("cpu")
+        if self.since is None or now is None:
+            return None
+        return (now - self.since) * 100 / ((time.monotonic() - self.began) * 1e6)
+
+
+def postmaster_pid(db):
+    with open(f"/proc/{db.value('SELECT pg_backend_pid()')}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+class VisibleRows(threading.Thread):
+    """B8: polls a table of APPLIED_TABLE's shape every B8["poll"] seconds
+    for rows of higher ids than it has seen, and keeps when each was first
+    seen (epoch ms): an upper bound of its transaction's commit.  A row
+    committed after a higher id was seen is never seen (one consumer,
+    applying in one transaction at a time, commits its ids in order);
+    missed() counts them."""
+
+    def __init__(self, dsn, table):
+        super().__init__(daemon=True)
+        self.conn = psycopg2.connect(dsn, application_name="bench.py visible rows")
+        self.conn.autocommit = True
+        self.query = f"SELECT id FROM {table} WHERE id > %s ORDER BY id"
+        self.seen = {}
+        self.stopping = threading.Event()
+
+    def run(self):
+        last = 0
+        with self.conn.cursor() as cur:
+            while not self.stopping.is_set():
+                cur.execute(self.query, (last,))
+                rows = cur.fetchall()
+                now = time.time() * 1000
+                for id_, in rows:
+                    self.seen[id_] = now
+                if rows:
+                    last = rows[-1][0]
+                self.stopping.wait(B8["poll"])
+        self.conn.close()
+
+    def stop(self):
+        self.stopping.set()
+        self.join()
+
+
+class Inbox:
+    """The inbox of a database (schema 0.5.0), through its SQL API; our half
+    of B8 and B9.  present() is false where inbox_subscribe() does not exist."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def present(self):
+        return self.db.value("SELECT EXISTS (SELECT FROM pg_proc WHERE proname = 'inbox_subscribe')")
+
+    def prepare(self, table):
+        """APPLIED_TABLE and its handler, run as INBOX["role"], which may insert into it."""
+        self.db.run(f"""DO $$ BEGIN
+            IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{INBOX["role"]}') THEN
+                CREATE ROLE {INBOX["role"]} NOLOGIN;
+            END IF; END $$""")
+        self.db.run(APPLIED_TABLE.format(table=table))
+        self.db.run(INBOX_HANDLER.format(table=table, role=INBOX["role"]))
+
+    def subscribe(self, name, topics, table):
+        self.db.run("SELECT inbox_subscribe(%s, %s::text[], %s::regprocedure, start_from => 'earliest',"
+                    " run_as => %s::regrole)",
+                    (name, topics, f"{table}_handler(inbox_message)", INBOX["role"]))
+
+    def unsubscribe(self, name, discard_pending=False):
+        self.db.run("SELECT inbox_unsubscribe(%s, discard_pending => %s)", (name, discard_pending))
+
+    def status(self, name):
+        return self.db.run("SELECT topic, partition, next_offset, lag, retrying, dead_letters, worker_state,"
+                           " worker_last_error FROM inbox_status WHERE subscription = %s", (name,))
+
+    def pids(self):
+        """The database's inbox workers (by their backend_type) and their Kafka processes."""
+        workers = [pid for pid, in self.db.run(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type ILIKE '%inbox%'")]
+        return workers + [child for pid in workers for child in children(pid)]
+
+
 class Worker:
     """The outbox worker of the DSN's database, through the outbox_worker
     view and a setting.  The view shows every database's worker: B6's other
@@ -499,11 +690,11 @@ class Peer:
     """A poller of peers.py, in a process of its own."""
     running = set()      # killed if the bench ends early
 
-    def __init__(self, kind, args):
+    def __init__(self, kind, args, dsn=None, extra=()):
         self.kind = kind
         self.process = subprocess.Popen(
-            [PYTHON, os.path.join(HERE, "peers.py"), kind, "--dsn", args.dsn, "--brokers", args.brokers],
-            stdout=subprocess.PIPE, text=True)
+            [PYTHON, os.path.join(HERE, "peers.py"), kind, "--dsn", dsn or args.dsn, "--brokers", args.brokers,
+             *extra], stdout=subprocess.PIPE, text=True)
         Peer.running.add(self.process)
         if self.process.stdout.readline().strip() != "ready":
             raise Broken(f"{kind} poller did not start")
@@ -525,9 +716,11 @@ class Peer:
         Peer.running.discard(self.process)
         if self.process.returncode != 0:
             raise Broken(f"{self.kind} poller exited with {self.process.returncode}")
-        failed = json.loads(out)["failed"]
+        self.counts = json.loads(out.splitlines()[-1])
+        failed = self.counts["failed"]
         if failed:
-            raise Broken(f"{self.kind} poller: {failed} messages failed to publish")
+            raise Broken(f"{self.kind} {'consumer' if self.kind == 'consume' else 'poller'}: {failed} messages"
+                         f" failed to {'apply (no message id)' if self.kind == 'consume' else 'publish'}")
 
 
 class HeldSnapshot:
@@ -1410,6 +1603,319 @@ class Bench:
                          f"{on['p50']:,.1f}", f"{on['p99']:,.1f}", f"{on['p99'] / off['p99']:.2f}"))
         return out + table(rows)
 
+    # B9 ----------------------------------------------------------------------
+
+    def b9(self):
+        """B9's messages produced to its topic, then consumed from the
+        earliest offset by our inbox (if installed) and by the peer in turn."""
+        n = self.size["b9_messages"]
+        self.produce_b9(B9["topic"], n)
+        result = {"messages": n, "ours": None, "peer": None}
+        inbox = Inbox(self.db)
+        if inbox.present():
+            self.clean()
+            result["ours"] = self.b9_ours(inbox, n)
+        else:
+            progress(f"B9 ours: skipped: {INBOX['missing']}")
+        self.clean()
+        result["peer"] = self.b9_peer(n)
+        self.results["b9"] = result
+        self.clean()
+
+    def produce_b9(self, topic, n):
+        """n messages straight to Kafka, as fast as a Python producer goes, each
+        with a fresh outbox-message-id; waits until the topic holds them."""
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": self.args.brokers, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 50, "batch.num.messages": 10_000, "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576})
+        begin = time.monotonic()
+        for i in range(n):
+            key = f"key-{i % B9['keys']}"
+            value = json.dumps({"seq": i, "account": key, "amount": i % 997, "kind": "b9.transfer"})
+            while True:
+                try:
+                    producer.produce(topic, value, key, headers=[("outbox-message-id", str(uuid.uuid4()))])
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            if i % 10_000 == 0:
+                producer.poll(0)
+        if producer.flush(300):
+            raise Broken(f"B9: {n:,} messages not all produced to {topic}")
+        wait_until(f"B9: {n:,} messages in {topic}", lambda: self.kafka.count(topic) >= n, 60)
+        if self.kafka.count(topic) != n:
+            raise Broken(f"B9: {self.kafka.count(topic):,} records in {topic}, {n:,} produced")
+        progress(f"B9: {n:,} messages in {topic} ({n / (time.monotonic() - begin):,.0f}/s produced)")
+
+    def b9_wait(self, what, table, n, began):
+        """Until the table holds n rows, or the deadline: {"startup": seconds
+        from began to its first row, "seconds": to its nth (to the deadline
+        if not reached), "finished", "rows", "first_rows": rows at the first
+        look that found any}.  Polls max(id), which its index answers at
+        once, and counts only once that reached n."""
+        deadline = began + max(B9["deadline"], n / B9["min_rate"])
+        found = {"startup": None, "first_rows": 0, "finished": False}
+        shown = began
+        while True:
+            top = self.db.value(f"SELECT max(id) FROM {table}")
+            now = time.monotonic()
+            if top is not None and found["startup"] is None:
+                found["startup"], found["first_rows"] = now - began, top
+                progress(f"{what}: first row after {found['startup']:.2f} s")
+            if top is not None and top >= n:
+                rows = self.db.value(f"SELECT count(*) FROM {table}")
+                if rows >= n:
+                    return {**found, "seconds": time.monotonic() - began, "finished": True, "rows": rows}
+            if now > deadline:
+                rows = self.db.value(f"SELECT count(*) FROM {table}")
+                progress(f"{what}: {rows:,} of {n:,} rows after {now - began:.0f} s: unfinished")
+                return {**found, "seconds": now - began, "rows": rows}
+            if now - shown >= 5:
+                shown = now
+                progress(f"{what}: {top or 0:,} rows after {now - began:.0f} s")
+            time.sleep(0.05)
+
+    def b9_check(self, what, table, n):
+        """Each of the n messages applied once: as many rows, and distinct
+        message ids and payload seqs."""
+        rows, ids, seqs = self.db.run(f"SELECT count(*), count(DISTINCT message_id),"
+                                      f" count(DISTINCT payload->>'seq') FROM {table}")[0]
+        if rows > n or ids != rows or seqs != rows:
+            raise Broken(f"{what}: {rows:,} rows in {table}, {ids:,} distinct message ids,"
+                         f" {seqs:,} distinct seqs, of {n:,} messages")
+
+    @staticmethod
+    def b9_rates(found, n):
+        found["rate"] = found["rows"] / found["seconds"]
+        # Not when the first look found (nearly) every row: nothing to time after it.
+        if found["startup"] is not None and found["rows"] - found["first_rows"] >= 0.5 * found["rows"]:
+            found["rate_after_startup"] = (found["rows"] - found["first_rows"]) / (found["seconds"]
+                                                                                   - found["startup"])
+        return found
+
+    def b9_ours(self, inbox, n):
+        table, name = "b9_ours", "b9"
+        inbox.prepare(table)
+        self.db.run("CHECKPOINT")
+        postmaster = postmaster_pid(self.db)
+        cluster, own = CpuMeter(lambda: descendants(postmaster)), CpuMeter(inbox.pids)
+        pressure, began = Pressure(), time.monotonic()
+        inbox.subscribe(name, [B9["topic"]], table)
+        finished = False
+        try:
+            found = self.b9_wait("B9 ours", table, n, began)
+            found["cpu"] = {"cluster": cluster.seconds(), "own": own.seconds() if inbox.pids() else None}
+            found["pressure"] = pressure.percent()
+            found["status"] = inbox.status(name)
+            finished = found["finished"]
+        finally:
+            inbox.unsubscribe(name, discard_pending=not finished)
+        self.b9_check("B9 ours", table, n)
+        self.b9_rates(found, n)
+        progress(f"B9 ours: {found['rows']:,} rows at {found['rate']:,.0f} msg/s"
+                 f" (start-up {found['startup'] or 0:.2f} s); inbox_status: {found['status']}")
+        return found
+
+    def b9_peer(self, n):
+        table, processed = "b9_peer", "b9_peer_processed"
+        self.db.run(APPLIED_TABLE.format(table=table))
+        self.db.run(PROCESSED_TABLE.format(table=processed))
+        self.db.run("CHECKPOINT")
+        postmaster = postmaster_pid(self.db)
+        cluster = CpuMeter(lambda: descendants(postmaster))
+        pressure, began = Pressure(), time.monotonic()
+        peer = Peer("consume", self.args, extra=["--topic", B9["topic"], "--table", table, "--processed",
+                                                 processed, "--group", f"bench-b9-{uuid.uuid4()}"])
+        found = self.b9_wait("B9 peer", table, n, began)
+        found["cpu"] = {"cluster": cluster.seconds(), "own": process_cpu(peer.process.pid)}
+        found["pressure"] = pressure.percent()
+        peer.stop()
+        found["counts"] = peer.counts
+        self.b9_check("B9 peer", table, n)
+        self.b9_rates(found, n)
+        progress(f"B9 peer: {found['rows']:,} rows at {found['rate']:,.0f} msg/s"
+                 f" (start-up {found['startup'] or 0:.2f} s); {peer.counts}")
+        return found
+
+    def b9_report(self, b9):
+        n = b9["messages"]
+        out = ["", f"B9 consume: {n:,} messages already in {B9['topic']} ({PARTITIONS} partitions, {B9['keys']:,}"
+                   " keys, ~75-byte JSON, a fresh outbox-message-id header each), read from the earliest"
+                   " offset and applied by a handler that inserts one row per message; each consumer in turn"]
+        rows = [("consumer", "rows", "start-up s", "msg/s", "msg/s after start-up", "PostgreSQL CPU, cores",
+                 "consumer's own CPU, cores", "CPU per message, us", "CPU pressure %", "target")]
+        cells = {}
+        for peer, label in (("ours", "ours: inbox, PL/pgSQL handler"),
+                            ("peer", f"peer: peers.py consume, batches of {CONSUME_BATCH:,}")):
+            found = b9[peer]
+            if found is None:
+                rows.append((label, "skipped", "", "", "", "", "", "", "", ""))
+                continue
+            secs = found["seconds"]
+            cluster, own = found["cpu"]["cluster"], found["cpu"]["own"]
+            # The peer's process is outside PostgreSQL; our inbox's Kafka process is inside it.
+            total = cluster + (own if peer == "peer" else 0)
+            cells[peer] = found
+            rows.append((label, f"{found['rows']:,}" + ("" if found["finished"] else " (unfinished)"),
+                         f"{found['startup']:.2f}" if found["startup"] is not None else "-",
+                         f"{found['rate']:,.0f}",
+                         f"{found['rate_after_startup']:,.0f}" if "rate_after_startup" in found else "-",
+                         f"{cluster / secs:.2f}", f"{own / secs:.2f}" if own is not None else "-",
+                         f"{total * 1e6 / max(found['rows'], 1):,.1f}",
+                         f"{found['pressure']:.0f}" if found["pressure"] is not None else "-",
+                         f">= {B9['target_rate']:,} msg/s, >= {B9['target_ratio']:.0f}x peer"
+                         if peer == "ours" else ""))
+        if "ours" in cells and "peer" in cells:
+            ours, peer = cells["ours"], cells["peer"]
+            after = (f"{ours['rate_after_startup'] / peer['rate_after_startup']:.2f}"
+                     if "rate_after_startup" in ours and "rate_after_startup" in peer else "")
+            met = (ours["finished"] and ours["rate"] >= B9["target_rate"]
+                   and ours["rate"] >= B9["target_ratio"] * peer["rate"])
+            rows.append(("ours/peer", "", "", f"{ours['rate'] / peer['rate']:.2f}", after, "", "", "", "",
+                         "met" if met else "not met"))
+        out += table(rows)
+        if b9["ours"] is None:
+            out.append(f"  ours skipped: {INBOX['missing']}")
+        out.append("  start-up: from inbox_subscribe() (the peer: its process's start) to the first row in the"
+                   " table; msg/s: rows over the time from then to the last row (after start-up: from the"
+                   " first row)")
+        out.append("  PostgreSQL CPU: every process of the cluster (backends, workers, the inbox's Kafka"
+                   " process, WAL writer, checkpointer, autovacuum); consumer's own: the inbox's workers"
+                   " (pg_stat_activity.backend_type like '%inbox%') and their Kafka processes, or the peer's"
+                   " Python process (librdkafka's threads too); per message: PostgreSQL's, plus the peer's"
+                   " process for the peer; CPU pressure: the share of the time in which some task of the"
+                   " machine, the bench's or another's, waited for a CPU (/proc/pressure)")
+        out.append("  peer: confluent-kafka and psycopg2, a consumer group of its own, auto commit off; per batch"
+                   " one query for the processed ids, the new rows and their ids inserted (execute_values), the"
+                   " transaction committed, then the offsets committed synchronously")
+        return out
+
+    # B8 ----------------------------------------------------------------------
+
+    def b8(self):
+        if not self.args.more_databases:
+            raise Broken("B8: no other database (--more-databases)")
+        b = Database(psycopg2.extensions.make_dsn(self.args.dsn, dbname=self.args.more_databases[0]))
+        result = {"a": self.db.name, "b": b.name, "seconds": self.size["b8_seconds"]}
+        for peer in B8_PEERS:
+            if peer == "ours" and not Inbox(b).present():
+                progress(f"B8 ours: skipped: {INBOX['missing']} (in {b.name})")
+                result[peer] = None
+                continue
+            self.clean()
+            b.run("VACUUM ANALYZE outbox_message")
+            result[peer] = self.b8_run(peer, b)
+        self.results["b8"] = result
+        self.clean()
+
+    def b8_run(self, peer, b):
+        """B3's load at B8["rate"] into A, published by our worker or the
+        tuned poller, applied into B by our inbox or peers.py consume."""
+        topic, table, name = f"bench.b8.{peer}", f"b8_{peer}", "b8"
+        seconds, warmup = self.size["b8_seconds"], B8["warmup"]
+        inbox, running = Inbox(b), []
+        if peer == "ours":
+            inbox.prepare(table)
+            inbox.subscribe(name, [topic], table)
+            try:
+                wait_until(f"B8 ours: inbox_status shows {topic}'s {PARTITIONS} partitions",
+                           lambda: len(inbox.status(name)) >= PARTITIONS, 30)
+            except Broken as e:
+                progress(f"B8 ours: {e}; measuring anyway (inbox_status: {inbox.status(name)})")
+        else:
+            b.run(APPLIED_TABLE.format(table=table))
+            b.run(PROCESSED_TABLE.format(table=table + "_processed"))
+            running.append(Peer("consume", self.args, dsn=b.dsn, extra=[
+                "--topic", topic, "--table", table, "--processed", table + "_processed",
+                "--group", f"bench-b8-{uuid.uuid4()}", "--id-header", "message-id"]))
+            running.append(Peer("tuned", self.args))
+        postmaster = postmaster_pid(self.db)
+        outside = [p.process.pid for p in running]
+        cpu = CpuMeter(lambda: descendants(postmaster) + outside)
+        to_kafka = LatencyConsumer(self.kafka, topic)
+        to_kafka.start()
+        visible = VisibleRows(b.dsn, table)
+        visible.start()
+        begin, began, pressure = time.time() * 1000, time.monotonic(), Pressure()
+        try:
+            figures = self.pgbench(latency_script(peer, topic, 1), warmup + seconds, rate=B8["rate"])
+            committed = figures["processed"]
+            deadline = time.monotonic() + B8["grace"]
+            while b.value(f"SELECT count(*) FROM {table}") < committed and time.monotonic() < deadline:
+                time.sleep(0.1)
+            elapsed = time.monotonic() - began
+            cores, stalled = cpu.seconds() / elapsed, pressure.percent()
+        finally:
+            visible.stop()
+            to_kafka.stop()
+            if peer == "ours":
+                status = inbox.status(name)
+                inbox.unsubscribe(name, discard_pending=True)
+            else:
+                status = None
+                for p in running:
+                    p.stop()
+        rows = b.run(f"SELECT id, message_id, (payload->>'t')::float8, extract(epoch FROM applied_at)::float8 * 1000"
+                     f" FROM {table}")
+        if len(rows) > committed or len({r[1] for r in rows}) != len(rows):
+            raise Broken(f"B8 {peer}: {committed:,} committed in {self.db.name}, {len(rows):,} rows in"
+                         f" {b.name}.{table}, {len({r[1] for r in rows}):,} distinct message ids")
+        since = begin + warmup * 1000
+        counted = [r for r in rows if r[2] >= since]
+        seen = [visible.seen[id_] - t for id_, _, t, _ in counted if id_ in visible.seen]
+        result = {"committed": figures["tps"], "messages": committed, "applied": len(rows),
+                  "applied_rate": len(rows) / elapsed, "cores": cores, "pressure": stalled, "status": status,
+                  "missed": len(counted) - len(seen),
+                  "visible": percentiles(sorted(seen)) or {},
+                  "handler": percentiles(sorted(applied - t for _, _, t, applied in counted)) or {},
+                  "kafka": percentiles(to_kafka.latencies(enqueued_after=since)) or {}}
+        progress(f"B8 {peer}: {figures['tps']:,.0f} msg/s committed, {len(rows):,} of {committed:,} applied;"
+                 " visible in %s: p50 %.1f ms, p99 %.1f ms, max %.1f ms" % (
+                     b.name, *(result["visible"].get(k, math.nan) for k in ("p50", "p99", "max"))))
+        return result
+
+    def b8_report(self, b8):
+        out = ["", f"B8 end to end: pgbench -R {B8['rate']:,} msg/s (B3's script, one message per transaction)"
+                   f" into {b8['a']}, published to Kafka, applied in {b8['b']} by a handler inserting a row;"
+                   f" {b8['seconds']} s after {B8['warmup']} s of warm-up"]
+        rows = [("path", "committed msg/s", "applied", "visible p50 ms", "p99", "max", "handler p50 ms", "p99",
+                 "max", "to Kafka p50 ms", "p99", "CPU, cores", "CPU pressure %", "target")]
+        for peer, label in (("ours", "ours: outbox worker, inbox"),
+                            ("tuned", "peer: tuned poller, peers.py consume")):
+            r = b8.get(peer)
+            if r is None:
+                rows.append((label, "skipped", *[""] * 12))
+                continue
+            behind = r["applied"] < r["messages"]
+            stats = [("-" if k not in r[where] else f"{r[where][k]:,.1f}")
+                     for where in ("visible", "handler", "kafka") for k in ("p50", "p99", "max")
+                     if not (where == "kafka" and k == "max")]
+            rows.append((label, f"{r['committed']:,.0f}",
+                         f"{r['applied']:,} of {r['messages']:,}" if behind else f"{r['applied']:,}",
+                         *stats, f"{r['cores']:.2f}", f"{r['pressure']:.0f}" if r["pressure"] is not None else "-",
+                         f"p99 <= {B8['target_p99']} ms: "
+                         + ("met" if not behind and r["visible"].get("p99", math.inf) <= B8["target_p99"]
+                            else "not met") if peer == "ours" else ""))
+        ours, tuned = b8.get("ours"), b8.get("tuned")
+        if ours and tuned and "p99" in ours["visible"] and "p99" in tuned["visible"]:
+            rows.append(("ours/peer", "", "", *(f"{ours['visible'][k] / tuned['visible'][k]:.2f}"
+                                                for k in ("p50", "p99", "max")), *[""] * 8))
+        out += table(rows)
+        if ours is None:
+            out.append(f"  ours skipped: {INBOX['missing']} (in {b8['b']})")
+        out.append(f"  visible: from the enqueue in {b8['a']} (the payload's clock_timestamp(), as B3) to the row's"
+                   f" being seen in {b8['b']} by a query every {B8['poll'] * 1000:.0f} ms (after B's commit);"
+                   " handler: to the row's clock_timestamp() (before B's commit); to Kafka: to a consumer of"
+                   " the topic, as B3; CPU: the cluster's processes (both databases) and the peer's two"
+                   " Python processes; CPU pressure: as B9's")
+        for peer in B8_PEERS:
+            r = b8.get(peer)
+            if r and r["missed"]:
+                out.append(f"  {peer}: {r['missed']:,} rows committed after a higher id was seen, not in"
+                           " the visible figures")
+        return out
+
     def report(self):
         out = [
             "",
@@ -1506,6 +2012,12 @@ class Bench:
         b7 = self.results.get("b7")
         if b7:
             out += self.b7_report(b7, self.size["b3_seconds"])
+        b8 = self.results.get("b8")
+        if b8:
+            out += self.b8_report(b8)
+        b9 = self.results.get("b9")
+        if b9 and b9["peer"]:
+            out += self.b9_report(b9)
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -1716,13 +2228,15 @@ def main():
                               + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
-                              + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES])
+                              + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES]
+                              + [f"bench.b8.{p}" for p in B8_PEERS] + [B9["topic"]])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
             "B1R": ("B1R enqueue at fixed rates", bench.b1r),
             "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
             "B3BG": ("B3BG latency under background activity", bench.b3bg),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
-            "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7)}
+            "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7),
+            "B8": ("B8 end to end", bench.b8), "B9": ("B9 consume", bench.b9)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:
