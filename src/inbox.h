@@ -93,7 +93,7 @@ extern List *inbox_read_subscriptions(void);
 extern List *inbox_read_positions(const InboxSubscription *s);
 extern void inbox_record_positions(const InboxSubscription *s, List *positions);
 extern bool inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch,
-							  InboxOutcome *outcome);
+							  bool keys_may_be_held, InboxOutcome *outcome);
 extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome);
 extern long inbox_ms_until_next_retry(const InboxSubscription *s);
 extern void inbox_forget_old_ids(void);

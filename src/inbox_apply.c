@@ -48,7 +48,7 @@
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
-#include "utils/json.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -72,8 +72,8 @@ typedef enum InboxStatement
 	STMT_POSITIONS,
 	STMT_ADD_POSITIONS,
 	STMT_ADVANCE_POSITIONS,
-	STMT_SEEN,
 	STMT_HELD_KEYS,
+	STMT_ADD_NEW_RECEIVED,
 	STMT_ADD_RECEIVED,
 	STMT_ADD_RETRY,
 	STMT_DUE_RETRIES,
@@ -147,27 +147,37 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"       last_applied_at = EXCLUDED.last_applied_at",
 		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_EACH_TIME
 	},
-	[STMT_SEEN] = {
-		"look for messages received before",
-		"SELECT message_id FROM %1$s.inbox_received"
-		" WHERE subscription OPERATOR(pg_catalog.=) $1"
-		"   AND message_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])",
-		2, {TEXTOID, UUIDARRAYOID}, PLAN_EACH_TIME
-	},
-	[STMT_HELD_KEYS] = {
-		"look for keys held back",
-		"SELECT DISTINCT r.topic, r.key FROM %1$s.inbox_retry r,"
-		"       ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]))"
-		"       AS k(topic, key)"
-		" WHERE r.subscription OPERATOR(pg_catalog.=) $1"
-		"   AND r.topic OPERATOR(pg_catalog.=) k.topic AND r.key OPERATOR(pg_catalog.=) k.key",
-		3, {TEXTOID, TEXTARRAYOID, TEXTARRAYOID}, PLAN_EACH_TIME
-	},
-	[STMT_ADD_RECEIVED] = {
+	/*
+	 * The ids of the batch go into inbox_received before its handlers run
+	 * (in the same transaction).  First as if none were a duplicate: a
+	 * plain insert, whose look into the primary key for its leaf is also
+	 * the check that the id is new.  If one is a duplicate, that fails, and
+	 * they go in again without the ids inbox_received holds, nor the repeats
+	 * of an id within the batch, and with the ids inserted returned.
+	 */
+	[STMT_ADD_NEW_RECEIVED] = {
 		"record the messages received",
 		"INSERT INTO %1$s.inbox_received (subscription, message_id)"
 		"SELECT $1, pg_catalog.unnest($2::pg_catalog.uuid[])",
 		2, {TEXTOID, UUIDARRAYOID}, PLAN_EACH_TIME
+	},
+	[STMT_ADD_RECEIVED] = {
+		"record the messages received, but for duplicates",
+		"INSERT INTO %1$s.inbox_received (subscription, message_id)"
+		"SELECT $1, pg_catalog.unnest($2::pg_catalog.uuid[])"
+		" ON CONFLICT DO NOTHING RETURNING message_id",
+		2, {TEXTOID, UUIDARRAYOID}, PLAN_EACH_TIME
+	},
+	[STMT_HELD_KEYS] = {
+		"look for keys held back",
+		"SELECT DISTINCT k.topic, k.key"
+		"  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]))"
+		"       AS k(topic, key),"
+		"       LATERAL (SELECT FROM %1$s.inbox_retry r"
+		"                 WHERE r.subscription OPERATOR(pg_catalog.=) $1"
+		"                   AND r.topic OPERATOR(pg_catalog.=) k.topic"
+		"                   AND r.key OPERATOR(pg_catalog.=) k.key LIMIT 1) AS held",
+		3, {TEXTOID, TEXTARRAYOID, TEXTARRAYOID}, PLAN_EACH_TIME
 	},
 	/* $11: the delay before the next attempt in ms, NULL to wait behind its key */
 	[STMT_ADD_RETRY] = {
@@ -659,30 +669,40 @@ kafka_timestamp(int64 ms)
 	return ms * 1000 - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
 }
 
-/* The headers as a jsonb object of their values, or NULL if there are none. */
+/* A string as a jsonb value. */
+static JsonbValue *
+jsonb_string(JsonbValue *v, char *s)
+{
+	v->type = s ? jbvString : jbvNull;
+	if (s)
+	{
+		v->val.string.val = s;
+		v->val.string.len = strlen(s);
+	}
+	return v;
+}
+
+/*
+ * The headers as a jsonb object of their values, or NULL if there are none;
+ * built as a jsonb value, not parsed from text, which cost more than the
+ * rest of the message.  Of a name repeated, the last value is kept.
+ */
 static Datum
 headers_jsonb(const InboxMessage *m, bool *isnull)
 {
-	StringInfoData json;
+	JsonbParseState *state = NULL;
+	JsonbValue	v;
 
 	*isnull = m->header_count == 0;
 	if (*isnull)
 		return (Datum) 0;
-	initStringInfo(&json);
-	appendStringInfoChar(&json, '{');
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	for (int i = 0; i < m->header_count; i++)
 	{
-		if (i > 0)
-			appendStringInfoChar(&json, ',');
-		escape_json(&json, m->header_names[i]);
-		appendStringInfoChar(&json, ':');
-		if (m->header_values[i])
-			escape_json(&json, m->header_values[i]);
-		else
-			appendStringInfoString(&json, "null");
+		(void) pushJsonbValue(&state, WJB_KEY, jsonb_string(&v, m->header_names[i]));
+		(void) pushJsonbValue(&state, WJB_VALUE, jsonb_string(&v, m->header_values[i]));
 	}
-	appendStringInfoChar(&json, '}');
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+	return JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL)));
 }
 
 static void
@@ -723,18 +743,63 @@ typedef struct BatchState
 	MessageRow *rows;
 	MessageFate *fates;
 	HandlerError *errors;
+	bool		keys_may_be_held;	/* inbox_retry may hold messages */
 	int			guarded_from;	/* a subtransaction for each message from here */
 	volatile int calling;		/* the message whose handler runs unguarded, or -1 */
 } BatchState;
 
-/* The ids among the batch's that inbox_received holds, and the repeats within it. */
+/*
+ * Insert the batch's ids into inbox_received in a subtransaction, as if none
+ * were a duplicate; false (and nothing inserted) if one was.
+ */
+static bool
+insert_if_all_new(Datum *args)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool all_new = true;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		run(STMT_ADD_NEW_RECEIVED, args, NULL, SPI_OK_INSERT);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(context);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		CurrentResourceOwner = owner;
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
+			ReThrowError(edata);
+		all_new = false;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(context);
+	CurrentResourceOwner = owner;
+	return all_new;
+}
+
+/*
+ * Record the batch's ids in inbox_received, and mark the duplicates: the
+ * messages whose id it held already, and the later messages of an id
+ * repeated within the batch.  A hash table of the ids inserted, so that a
+ * batch costs one look per message.
+ */
 static void
-find_duplicates(BatchState *st)
+record_received(BatchState *st)
 {
 	InboxBatch *b = st->batch;
 	Datum	   *ids = palloc(sizeof(Datum) * Max(b->count, 1));
 	int			count = 0;
 	Datum		args[2];
+	HASHCTL		ctl;
+	HTAB	   *inserted;
 
 	for (int i = 0; i < b->count; i++)
 		if (b->messages[i].has_message_id)
@@ -743,28 +808,34 @@ find_duplicates(BatchState *st)
 		return;
 	args[0] = CStringGetTextDatum(st->subscription->name);
 	args[1] = int_array(ids, count, UUIDOID);
-	run(STMT_SEEN, args, NULL, SPI_OK_SELECT);
+	if (insert_if_all_new(args))
+		return;
+	run(STMT_ADD_RECEIVED, args, NULL, SPI_OK_INSERT_RETURNING);
 
+	ctl.keysize = ctl.entrysize = sizeof(pg_uuid_t);
+	ctl.hcxt = CurrentMemoryContext;
+	inserted = hash_create("inbox ids inserted", Max(SPI_processed, 1), &ctl,
+						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	for (uint64 row = 0; row < SPI_processed; row++)
+	{
+		bool		isnull;
+
+		(void) hash_search(inserted, DatumGetUUIDP(column_datum(SPI_tuptable->vals[row],
+																 SPI_tuptable->tupdesc, 1, &isnull)),
+						   HASH_ENTER, NULL);
+	}
+	/* the first message of each id inserted is new; any other a duplicate */
 	for (int i = 0; i < b->count; i++)
 	{
-		InboxMessage *m = &b->messages[i];
+		bool		found;
 
-		if (!m->has_message_id)
+		if (!b->messages[i].has_message_id)
 			continue;
-		for (uint64 row = 0; row < SPI_processed && st->fates[i] != FATE_DUPLICATE; row++)
-		{
-			bool		isnull;
-			pg_uuid_t  *seen = DatumGetUUIDP(column_datum(SPI_tuptable->vals[row],
-														   SPI_tuptable->tupdesc, 1, &isnull));
-
-			if (memcmp(seen, &m->message_id, UUID_LEN) == 0)
-				st->fates[i] = FATE_DUPLICATE;
-		}
-		for (int j = 0; j < i && st->fates[i] != FATE_DUPLICATE; j++)
-			if (b->messages[j].has_message_id &&
-				memcmp(&b->messages[j].message_id, &m->message_id, UUID_LEN) == 0)
-				st->fates[i] = FATE_DUPLICATE;
+		(void) hash_search(inserted, &b->messages[i].message_id, HASH_REMOVE, &found);
+		if (!found)
+			st->fates[i] = FATE_DUPLICATE;
 	}
+	hash_destroy(inserted);
 }
 
 static bool
@@ -901,25 +972,6 @@ add_retry(BatchState *st, int i)
 	return true;
 }
 
-/* The ids of the messages received, duplicates but for. */
-static void
-add_received(BatchState *st)
-{
-	InboxBatch *b = st->batch;
-	Datum	   *ids = palloc(sizeof(Datum) * Max(b->count, 1));
-	int			count = 0;
-	Datum		args[2];
-
-	for (int i = 0; i < b->count; i++)
-		if (b->messages[i].has_message_id && st->fates[i] != FATE_DUPLICATE)
-			ids[count++] = UUIDPGetDatum(&b->messages[i].message_id);
-	if (count == 0)
-		return;
-	args[0] = CStringGetTextDatum(st->subscription->name);
-	args[1] = int_array(ids, count, UUIDOID);
-	run(STMT_ADD_RECEIVED, args, NULL, SPI_OK_INSERT);
-}
-
 /* The watermark a MESSAGES frame told for a partition, or -1. */
 static int64
 watermark_of(InboxBatch *b, const char *topic, int32 partition)
@@ -964,7 +1016,7 @@ advance_positions(BatchState *st)
 	run(STMT_ADVANCE_POSITIONS, args, NULL, SPI_OK_INSERT);
 }
 
-/* Record the batch: its retries and dead letters, its ids, its offsets. */
+/* Record the batch: its retries and dead letters, its offsets. */
 static void
 record_batch(BatchState *st, InboxOutcome *outcome)
 {
@@ -989,7 +1041,6 @@ record_batch(BatchState *st, InboxOutcome *outcome)
 				break;
 		}
 	}
-	add_received(st);
 	advance_positions(st);
 }
 
@@ -1019,8 +1070,9 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 			elog(ERROR, "the extension is not there");
 		if (!handler_open(&h, st->subscription, &why))
 			elog(ERROR, "subscription \"%s\" cannot be applied: %s", st->subscription->name, why);
-		find_duplicates(st);
-		find_held_keys(st);
+		record_received(st);
+		if (st->keys_may_be_held)
+			find_held_keys(st);
 		call_handlers(st, &h);
 		record_batch(st, outcome);
 		commit_transaction(caller);
@@ -1032,7 +1084,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 		MemoryContextSwitchTo(caller);
 		edata = CopyErrorData();
 		FlushErrorState();
-		AbortCurrentTransaction();
+		AbortOutOfAnyTransaction();
 		MemoryContextSwitchTo(caller);
 		if (st->calling >= 0)
 		{
@@ -1052,17 +1104,21 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 
 /*
  * Apply a batch of the subscription's messages in one transaction, and
- * record them.  Returns false if that failed for a reason of the worker's
- * own (reported): nothing of the batch is committed, and the consumer is to
- * read from the recorded offsets again.
+ * record them.  keys_may_be_held is false if the caller knows inbox_retry
+ * holds none of the subscription's messages (the common case), which
+ * spares the look for keys held back.  Returns false if that failed for a
+ * reason of the worker's own (reported): nothing of the batch is
+ * committed, and the consumer is to read from the recorded offsets again.
  */
 bool
-inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch, InboxOutcome *outcome)
+inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch, bool keys_may_be_held,
+				  InboxOutcome *outcome)
 {
 	BatchState	st;
 	BatchTry	result;
 
 	st.subscription = s;
+	st.keys_may_be_held = keys_may_be_held;
 	st.batch = batch;
 	st.rows = palloc0(sizeof(MessageRow) * Max(batch->count, 1));
 	st.fates = palloc(sizeof(MessageFate) * Max(batch->count, 1));
@@ -1222,7 +1278,7 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 		MemoryContextSwitchTo(caller);
 		edata = CopyErrorData();
 		FlushErrorState();
-		AbortCurrentTransaction();
+		AbortOutOfAnyTransaction();
 		MemoryContextSwitchTo(caller);
 		inbox_report_error(LOG, "could not retry messages of subscription \"%s\": %s",
 						   s->name, edata->message);

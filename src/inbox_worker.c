@@ -23,6 +23,8 @@
  */
 #include "postgres.h"
 
+#include <malloc.h>
+
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -43,6 +45,15 @@
 
 /* How often the ids older than outbox.inbox_dedup_retention are forgotten. */
 #define FORGET_INTERVAL_MS (60 * 1000)
+
+/*
+ * Memory that malloc() keeps for the worker rather than give back to the
+ * kernel: every batch allocates about as much as the last (up to
+ * outbox.max_batch_bytes of messages, and the executor's own), and giving
+ * it back after each one, to fault it in again for the next, cost a tenth
+ * of the worker's time.
+ */
+#define MALLOC_KEPT_BYTES (64 * 1024 * 1024)
 
 /* The only schemas the worker's own statements may find names in. */
 #define WORKER_SEARCH_PATH "pg_catalog, pg_temp"
@@ -263,6 +274,15 @@ wait_for_batches(void)
 	FreeWaitEventSet(set);
 }
 
+/* When the subscription's next retry is due; DT_NOEND if inbox_retry holds none of its messages. */
+static void
+ask_next_retry(Subscriber *sub)
+{
+	long		ms = inbox_ms_until_next_retry(sub->subscription);
+
+	sub->next_retry_at = ms < 0 ? DT_NOEND : TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+}
+
 static void
 count_outcome(const InboxOutcome *outcome, Subscriber *sub)
 {
@@ -297,7 +317,9 @@ apply_batches(void)
 		if ((batch = consumer_take_batch(sub->consumer)) == NULL)
 			continue;
 		inbox_report_state(INBOX_APPLYING);
-		if (inbox_apply_batch(sub->subscription, batch, &outcome))
+		if (sub->next_retry_at == 0)
+			ask_next_retry(sub);
+		if (inbox_apply_batch(sub->subscription, batch, sub->next_retry_at != DT_NOEND, &outcome))
 			count_outcome(&outcome, sub);
 		else
 			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
@@ -319,12 +341,7 @@ apply_due_retries(void)
 		if (woken)
 			sub->next_retry_at = 0; /* a dead letter may have been requeued */
 		if (sub->next_retry_at == 0)
-		{
-			long		ms = inbox_ms_until_next_retry(sub->subscription);
-
-			sub->next_retry_at = ms < 0 ? DT_NOEND :
-				TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
-		}
+			ask_next_retry(sub);
 		if (GetCurrentTimestamp() < sub->next_retry_at)
 			continue;
 		inbox_report_state(INBOX_APPLYING);
@@ -392,6 +409,10 @@ outbox_inbox_main(Datum main_arg)
 	if (!OidIsValid(database))
 		proc_exit(0);			/* its slot was handed out again */
 	connect_to_database(database);
+#ifdef M_TRIM_THRESHOLD
+	mallopt(M_TRIM_THRESHOLD, MALLOC_KEPT_BYTES);
+	mallopt(M_MMAP_THRESHOLD, MALLOC_KEPT_BYTES);
+#endif
 	if (!inbox_extension_ready())
 	{
 		inbox_forget_wanted();
