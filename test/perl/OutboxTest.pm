@@ -341,8 +341,10 @@ sub fault_check
 # $b_db of $b (the table inbox_applied, one row per handler call, in
 # order: seq, message_id, key).  Waits until every committed message (but
 # those in A's outbox_dead_letter) is applied; checks lost 0, applied twice
-# 0, phantom 0 and per-key order; appends a row to the fault report.
-# Returns the counts.
+# 0, phantom 0 and per-key order; appends a row to the fault report.  The
+# messages of the keys in dead_keys are to be in B's inbox_dead_letter
+# instead, each once, and none applied.  skipped, if given, is how many
+# duplicates the inbox skipped, for the report.  Returns the counts.
 sub inbox_check
 {
 	my ($a, $b, %args) = @_;
@@ -353,9 +355,19 @@ sub inbox_check
 	  split /\n/, $a->safe_psql($a_db, qq{
 		SELECT message_id, key, id FROM fault_log WHERE topic IN ($topics)
 		   AND message_id NOT IN (SELECT message_id FROM outbox_dead_letter)});
+	my %dead_key = map { ($_ => 1) } @{ $args{dead_keys} // [] };
+	my @to_be_dead = grep { $dead_key{ $committed{$_}[0] // '' } } keys %committed;
+	delete @committed{@to_be_dead};
 	my $count = scalar(keys %committed);
 	ok(wait_for_query($b, "SELECT count(DISTINCT message_id) >= $count FROM inbox_applied", 't', 180, $b_db),
 		"$scenario: the inbox applies every committed message");
+	if (@to_be_dead)
+	{
+		my $ids = join(',', map { "'$_'" } @to_be_dead);
+		ok(wait_for_query($b, "SELECT count(DISTINCT message_id) FROM inbox_dead_letter WHERE message_id IN ($ids)",
+				scalar(@to_be_dead), 180, $b_db),
+			"$scenario: each message of the failing keys is dead-lettered");
+	}
 
 	my (%applied, %last_id_of_key);
 	my ($twice, $phantom, $order_faults) = (0, 0, 0);
@@ -379,6 +391,7 @@ sub inbox_check
 	my $lost = grep { !$applied{$_} } keys %committed;
 	my $row = sprintf("%-44s %9d %5d %7d %12d %10d", "inbox: $scenario", $count, $lost, $phantom,
 		$order_faults, $twice);
+	$row .= "   ($args{skipped} received again and skipped)" if defined $args{skipped};
 	diag($row);
 	PostgreSQL::Test::Utils::append_to_file("$PostgreSQL::Test::Utils::tmp_check/fault_report.txt", "$row\n");
 	cmp_ok($count, '>', 0, "$scenario: messages were committed under load");

@@ -7,7 +7,10 @@
 #   - B stopped with "pg_ctl stop -m immediate" and started again;
 #   - the broker killed with SIGKILL and started again;
 #   - A's publishing worker killed with SIGKILL: A may publish its batch
-#     twice, and B applies it once.
+#     twice, and B applies it once;
+#   - the handler failing for chosen keys, one transiently (its first
+#     attempts) and one always: the first is applied after its retries,
+#     the second's messages are dead-lettered, and every other key flows.
 use strict;
 use warnings;
 
@@ -18,7 +21,8 @@ use Time::HiRes qw(time sleep);
 
 # The test framework turns crash restarts off; a production server has them on.
 my $shop = outbox_node('shop', conf => 'restart_after_crash = on');
-my $coupons = outbox_node('coupons', conf => 'restart_after_crash = on');
+my $coupons = outbox_node('coupons', conf => join("\n", 'restart_after_crash = on',
+	"outbox.retry_backoff_base = '20ms'", "outbox.retry_backoff_max = '100ms'"));
 $coupons->safe_psql('postgres', q{
 	CREATE ROLE coupon_svc;
 	CREATE TABLE inbox_applied (seq bigserial PRIMARY KEY, message_id uuid, key text);
@@ -26,6 +30,18 @@ $coupons->safe_psql('postgres', q{
 	GRANT USAGE ON SEQUENCE inbox_applied_seq_seq TO coupon_svc;
 	CREATE FUNCTION apply_message(m inbox_message) RETURNS void
 	LANGUAGE sql AS $$ INSERT INTO inbox_applied (message_id, key) VALUES (m.message_id, m.key) $$;
+	-- key-3 fails its first 2 attempts (a sequence counts across rollbacks), fewer than
+	-- max_attempts, key-7 always
+	CREATE SEQUENCE key3_failures;
+	GRANT USAGE ON SEQUENCE key3_failures TO coupon_svc;
+	CREATE FUNCTION apply_or_fail(m inbox_message) RETURNS void
+	LANGUAGE plpgsql AS $$
+	BEGIN
+	    IF m.key = 'key-7' OR (m.key = 'key-3' AND nextval('key3_failures') <= 2) THEN
+	        RAISE EXCEPTION 'cannot apply %', m.key;
+	    END IF;
+	    INSERT INTO inbox_applied (message_id, key) VALUES (m.message_id, m.key);
+	END $$;
 });
 
 # The process to kill, by its backend_type, on the node.
@@ -47,23 +63,27 @@ sub kill_and_wait_for_restart
 
 my $n = 0;
 for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B',
-	'broker SIGKILL', 'publishing worker SIGKILL in A')
+	'broker SIGKILL', 'publishing worker SIGKILL in A', 'handler failing for chosen keys')
 {
 	my $topic = unique_topic('fault.inbox');
+	my $failing = $fault =~ /handler/;
 	kafka_admin('create-topic', $topic, '--partitions', 3);
 	$n++;
+	my $handler = $failing ? 'apply_or_fail' : 'apply_message';
 	$coupons->safe_psql('postgres', qq{
-		SELECT inbox_subscribe('s$n', ARRAY['$topic'], 'apply_message(inbox_message)', run_as => 'coupon_svc')});
+		SELECT inbox_subscribe('s$n', ARRAY['$topic'], '$handler(inbox_message)', max_attempts => 3,
+		                       run_as => 'coupon_svc')});
 	ok($coupons->poll_query_until('postgres', "SELECT count(*) FROM inbox_status WHERE topic = '$topic'", '3'),
 		"$fault: subscribed");
 
-	my $load = start_load($shop, topics => [$topic], duration => 15);
+	my $skipped_before = $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker');
+	my $load = start_load($shop, topics => [$topic], duration => $failing ? 10 : 15);
 	sleep(2);
-	enqueue_backlog($shop, $topic, 20000);
+	enqueue_backlog($shop, $topic, 20000) unless $failing;
 	# the fault comes once the inbox is in the middle of the backlog
 	ok(wait_for_query($coupons, 'SELECT count(*) BETWEEN 100 AND 19000 FROM inbox_applied', 't', 60),
 		"$fault: the inbox is in the middle of the backlog")
-	  unless $fault =~ /in A/;
+	  unless $fault =~ /in A|handler/;
 	if ($fault =~ /^inbox worker/)
 	{
 		kill_and_wait_for_restart($coupons, 'outbox inbox', $fault);
@@ -79,15 +99,31 @@ for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B'
 		sleep(2);
 		broker_ctl('start');
 	}
-	else
+	elsif (!$failing)
 	{
 		ok(wait_for_query($shop, 'SELECT state FROM outbox_worker', 'publishing', 60),
 			"$fault: A's worker is publishing");
 		kill_and_wait_for_restart($shop, 'outbox worker', $fault);
 	}
 	finish_load($load);
-	inbox_check($shop, $coupons, scenario => $fault, topics => [$topic]);
-	$coupons->safe_psql('postgres', "TRUNCATE inbox_applied; SELECT inbox_unsubscribe('s$n')");
+	# B's counter of duplicates skipped lives in its shared memory, which a
+	# restart of B clears
+	my $skipped = $fault =~ /of B|inbox worker/ ? undef
+	  : $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker') - $skipped_before;
+	inbox_check($shop, $coupons, scenario => $fault, topics => [$topic], skipped => $skipped,
+		$failing ? (dead_keys => ['key-7']) : ());
+	if ($failing)
+	{
+		is($coupons->safe_psql('postgres', q{
+			SELECT count(*) FILTER (WHERE key = 'key-3') > 0 AND count(*) FILTER (WHERE key = 'key-7') = 0
+			  FROM inbox_applied}), 't', "$fault: key-3 is applied after its retries, key-7 never");
+		is($coupons->safe_psql('postgres', qq{
+			SELECT string_agg(DISTINCT format('%s %s %s', key, attempts, error), ';') FROM inbox_dead_letter
+			 WHERE subscription = 's$n'}), 'key-7 3 cannot apply key-7',
+			"$fault: only key-7's messages are dead-lettered, each after 3 attempts");
+	}
+	$coupons->safe_psql('postgres',
+		"TRUNCATE inbox_applied; SELECT inbox_unsubscribe('s$n', discard_pending => true)");
 	$shop->safe_psql('postgres', 'TRUNCATE fault_log');
 }
 
