@@ -343,8 +343,8 @@ sub fault_check
 # those in A's outbox_dead_letter) is applied; checks lost 0, applied twice
 # 0, phantom 0 and per-key order; appends a row to the fault report.  The
 # messages of the keys in dead_keys are to be in B's inbox_dead_letter
-# instead, each once, and none applied.  skipped, if given, is how many
-# duplicates the inbox skipped, for the report.  Returns the counts.
+# instead, each once, and none applied.  skipped, if given, returns how
+# many duplicates the inbox skipped, for the report.  Returns the counts.
 sub inbox_check
 {
 	my ($a, $b, %args) = @_;
@@ -391,7 +391,8 @@ sub inbox_check
 	my $lost = grep { !$applied{$_} } keys %committed;
 	my $row = sprintf("%-44s %9d %5d %7d %12d %10d", "inbox: $scenario", $count, $lost, $phantom,
 		$order_faults, $twice);
-	$row .= "   ($args{skipped} received again and skipped)" if defined $args{skipped};
+	my $skipped = ref $args{skipped} ? $args{skipped}->() : $args{skipped};
+	$row .= "   ($skipped received again and skipped)" if defined $skipped;
 	diag($row);
 	PostgreSQL::Test::Utils::append_to_file("$PostgreSQL::Test::Utils::tmp_check/fault_report.txt", "$row\n");
 	cmp_ok($count, '>', 0, "$scenario: messages were committed under load");

@@ -109,7 +109,7 @@ for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B'
 	# B's counter of duplicates skipped lives in its shared memory, which a
 	# restart of B clears
 	my $skipped = $fault =~ /of B|inbox worker/ ? undef
-	  : $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker') - $skipped_before;
+	  : sub { $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker') - $skipped_before };
 	inbox_check($shop, $coupons, scenario => $fault, topics => [$topic], skipped => $skipped,
 		$failing ? (dead_keys => ['key-7']) : ());
 	if ($failing)
