@@ -350,11 +350,24 @@ column_datum(HeapTuple tuple, TupleDesc desc, int column, bool *isnull)
 	return SPI_getbinval(tuple, desc, column, isnull);
 }
 
+/*
+ * Start a transaction at the current time: a background worker's
+ * transactions would all take its start's as their now(), which the
+ * handlers and inbox_received.received_at (and so what
+ * outbox.inbox_dedup_retention forgets) read.
+ */
+static void
+start_transaction(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+}
+
 /* Begin a transaction of the worker's, with SPI and a snapshot; false if the extension has gone. */
 static bool
 begin_transaction(void)
 {
-	StartTransactionCommand();
+	start_transaction();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (OidIsValid(statements_find_extension(&statements)))
@@ -399,7 +412,7 @@ inbox_extension_ready(void)
 	MemoryContext caller = CurrentMemoryContext;
 	bool		ready;
 
-	StartTransactionCommand();
+	start_transaction();
 	ready = OidIsValid(inbox_namespace());
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(caller);
@@ -418,7 +431,7 @@ inbox_subscriptions_exist(void)
 	Oid			namespace;
 	bool		exist = false;
 
-	StartTransactionCommand();
+	start_transaction();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	namespace = inbox_namespace();

@@ -28,10 +28,16 @@
 #include "kafka_link.h"
 #include "worker_slot.h"
 
-/* Librdkafka's defaults that the consumers change. */
+/*
+ * Librdkafka's defaults that the consumers change.  A broker answers a
+ * fetch as soon as a message comes, whatever fetch.wait.max.ms says; but a
+ * partition assigned while a fetch waits is read only from the next one,
+ * 500 ms later by default.
+ */
 static const char *const default_properties[][2] = {
 	{"client.id", "postgresql-outbox-inbox"},
 	{"reconnect.backoff.max.ms", "1000"},
+	{"fetch.wait.max.ms", "100"},
 };
 
 struct InboxConsumer

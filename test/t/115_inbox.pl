@@ -30,7 +30,8 @@ $node->safe_psql('coupons', q{
 	CREATE ROLE intruder LOGIN;
 	CREATE TABLE coupon (
 	    seq bigserial PRIMARY KEY, message_id uuid, topic text, part int, off bigint,
-	    key text, user_id int, headers jsonb, ts timestamptz, applied_by text);
+	    key text, user_id int, headers jsonb, ts timestamptz, applied_by text,
+	    applied_now timestamptz DEFAULT now());
 	GRANT INSERT, SELECT ON coupon TO coupon_svc;
 	GRANT USAGE ON SEQUENCE coupon_seq_seq TO coupon_svc;
 	CREATE TABLE fail_rule (key text PRIMARY KEY);
@@ -146,6 +147,10 @@ is($node->safe_psql('coupons', "SELECT count(*) FROM coupon WHERE message_id = '
 is($node->safe_psql('coupons', 'SELECT duplicates >= 1 FROM inbox_worker'), 't',
 	'inbox_worker counts it');
 
+# Each batch's transaction has its own now(), for the handler and for the
+# ids' received_at, which outbox.inbox_dedup_retention goes by.
+my $round_starts = $node->safe_psql('coupons', 'SELECT clock_timestamp()');
+
 # A handler that fails for chosen keys: user-3 twice (its first two
 # attempts in this round, fewer than outbox.max_attempts), user-7 always.
 $node->safe_psql('coupons', q{INSERT INTO fail_rule VALUES ('user-7')});
@@ -154,6 +159,12 @@ $node->safe_psql('postgres', qq{
 	  FROM generate_series(0, 99) i});
 ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id >= 2000', '95', 60, 'coupons'),
 	'the messages of every other key flow, and user-3\'s once its handler succeeds');
+is($node->safe_psql('coupons', qq{
+	SELECT bool_and(applied_now >= '$round_starts') FROM coupon WHERE user_id >= 2000}), 't',
+	'a handler\'s now() is its batch\'s transaction\'s, not the worker\'s start');
+is($node->safe_psql('coupons', qq{
+	SELECT count(*) FROM inbox_received WHERE received_at >= '$round_starts'}), '100',
+	'and so is the received_at of the ids, which their retention goes by');
 is($node->safe_psql('coupons', q{SELECT count(*) FROM coupon WHERE user_id >= 2000 AND key = 'user-3'}), '5',
 	'user-3, failing for a while, is retried and applied');
 is($node->safe_psql('coupons', q{
