@@ -1,14 +1,26 @@
 -- outbox 0.4.0 to 0.5.0: the inbox.  inbox_subscribe() has the database's
 -- inbox worker read Kafka topics and call a handler for each message, in
 -- the transaction that records it as received; inbox_status and
--- inbox_worker show it.  The outbox's tables do not change: every message
--- stays as it is.
+-- inbox_worker show it.  New messages' message_id is a UUID of version 7
+-- (outbox_uuid_v7()); every message stays as it is.
 --
 -- Install the new version's files and restart PostgreSQL first (the library
 -- is preloaded), then run ALTER EXTENSION outbox UPDATE in each database
 -- that has the extension.
 
 \echo Use "ALTER EXTENSION outbox UPDATE TO '0.5.0'" to load this file. \quit
+
+-- A message's message_id: a UUID of version 7, time first, so that the ids
+-- of messages enqueued one after the other sort near each other (a
+-- consumer's B-tree of the ids it received grows at its right edge).  For
+-- everyone: a role that INSERTs into outbox_message evaluates it as the
+-- column's default.
+CREATE FUNCTION outbox_uuid_v7()
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_uuid_v7'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+ALTER TABLE outbox_message ALTER COLUMN message_id SET DEFAULT outbox_uuid_v7();
 
 -- The inbox: the consuming side.  A subscription names Kafka topics and a
 -- handler; the database's inbox worker reads the topics and calls the

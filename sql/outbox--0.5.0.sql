@@ -14,6 +14,16 @@
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
+-- A message's message_id: a UUID of version 7, time first, so that the ids
+-- of messages enqueued one after the other sort near each other (a
+-- consumer's B-tree of the ids it received grows at its right edge).  For
+-- everyone: a role that INSERTs into outbox_message evaluates it as the
+-- column's default.
+CREATE FUNCTION outbox_uuid_v7()
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_uuid_v7'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
 -- The outbox itself.  Only rows not yet sent are the worker's work; the
 -- partial indexes below cover exactly those, so delivered rows kept for
 -- history never slow down the claim.
@@ -32,7 +42,7 @@
 -- row is in says nothing of its order, which is its id's.
 CREATE TABLE outbox_message (
     id              bigint NOT NULL,
-    message_id      uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
+    message_id      uuid NOT NULL DEFAULT outbox_uuid_v7(),
     topic           text NOT NULL,
     key             text,
     payload         bytea NOT NULL,

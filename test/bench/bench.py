@@ -313,6 +313,15 @@ def b1_script(statements):
 START = time.monotonic()
 
 
+def uuid_v7():
+    """A UUID of version 7, as outbox_uuid_v7() makes one: the milliseconds
+    since the Unix epoch, then random bits."""
+    data = bytearray(int(time.time() * 1000).to_bytes(6, "big") + os.urandom(10))
+    data[6] = (data[6] & 0x0F) | 0x70
+    data[8] = (data[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(data)))
+
+
 def progress(message):
     print(f"[{time.monotonic() - START:6.0f}s] {message}", file=sys.stderr, flush=True)
 
@@ -1624,7 +1633,8 @@ class Bench:
 
     def produce_b9(self, topic, n):
         """n messages straight to Kafka, as fast as a Python producer goes, each
-        with a fresh outbox-message-id; waits until the topic holds them."""
+        with a fresh outbox-message-id of version 7, as the outbox makes them
+        (outbox_uuid_v7()); waits until the topic holds them."""
         producer = confluent_kafka.Producer({
             "bootstrap.servers": self.args.brokers, "enable.idempotence": True, "acks": "all",
             "linger.ms": 50, "batch.num.messages": 10_000, "queue.buffering.max.messages": 1_000_000,
@@ -1635,7 +1645,7 @@ class Bench:
             value = json.dumps({"seq": i, "account": key, "amount": i % 997, "kind": "b9.transfer"})
             while True:
                 try:
-                    producer.produce(topic, value, key, headers=[("outbox-message-id", str(uuid.uuid4()))])
+                    producer.produce(topic, value, key, headers=[("outbox-message-id", uuid_v7())])
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -1741,7 +1751,7 @@ class Bench:
     def b9_report(self, b9):
         n = b9["messages"]
         out = ["", f"B9 consume: {n:,} messages already in {B9['topic']} ({PARTITIONS} partitions, {B9['keys']:,}"
-                   " keys, ~75-byte JSON, a fresh outbox-message-id header each), read from the earliest"
+                   " keys, ~75-byte JSON, a fresh outbox-message-id header each, a UUID of version 7 as the outbox makes them), read from the earliest"
                    " offset and applied by a handler that inserts one row per message; each consumer in turn"]
         rows = [("consumer", "rows", "start-up s", "msg/s", "msg/s after start-up", "PostgreSQL CPU, cores",
                  "consumer's own CPU, cores", "CPU per message, us", "CPU pressure %", "target")]

@@ -50,3 +50,22 @@ DROP ROLE outbox_reader;
 
 -- a malformed outbox.kafka_properties is refused
 ALTER SYSTEM SET outbox.kafka_properties = 'compression.type';
+
+-- a message's message_id is a UUID of version 7 (RFC 9562): the variant's
+-- bits, then the milliseconds since the Unix epoch in its first 48 bits
+-- (within a second of now), which orders ids made one after the other
+WITH ids AS (
+    SELECT i, outbox_uuid_v7() AS id FROM generate_series(1, 3) i
+), stamped AS (
+    SELECT i, id, ('x' || lpad(replace(left(id::text, 13), '-', ''), 16, '0'))::bit(64)::bigint AS ms
+    FROM ids
+)
+SELECT bool_and(substr(id::text, 15, 1) = '7') AS version_7,
+       bool_and(substr(id::text, 20, 1) IN ('8', '9', 'a', 'b')) AS rfc_variant,
+       bool_and(abs(ms - (extract(epoch FROM clock_timestamp()) * 1000)::bigint) < 1000) AS stamped_now,
+       count(DISTINCT id) AS distinct_ids
+FROM stamped;
+SELECT pg_get_expr(adbin, adrelid) AS message_id_default
+FROM pg_attrdef
+WHERE adrelid = 'outbox_message'::regclass
+  AND adnum = (SELECT attnum FROM pg_attribute WHERE attrelid = 'outbox_message'::regclass AND attname = 'message_id');
