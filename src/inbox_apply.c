@@ -762,6 +762,18 @@ typedef struct BatchState
 } BatchState;
 
 /*
+ * Ids in their order in inbox_received's key.  Inserted in that order, the
+ * ids of one batch from the outbox (version 7, time first: mostly above
+ * every id received before) go to the index's rightmost page one after the
+ * other, where a B-tree insert needs no descent from the root.
+ */
+static int
+compare_ids(const void *a, const void *b)
+{
+	return memcmp(DatumGetUUIDP(*(const Datum *) a), DatumGetUUIDP(*(const Datum *) b), UUID_LEN);
+}
+
+/*
  * Insert the batch's ids into inbox_received in a subtransaction, as if none
  * were a duplicate; false (and nothing inserted) if one was.
  */
@@ -819,6 +831,7 @@ record_received(BatchState *st)
 			ids[count++] = UUIDPGetDatum(&b->messages[i].message_id);
 	if (count == 0)
 		return;
+	qsort(ids, count, sizeof(Datum), compare_ids);
 	args[0] = CStringGetTextDatum(st->subscription->name);
 	args[1] = int_array(ids, count, UUIDOID);
 	if (insert_if_all_new(args))
