@@ -41,7 +41,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
 #define DEFAULT_SENT_RETENTION_S 0
 #define DEFAULT_MAX_WORKERS 4
-#define DEFAULT_INBOX_BATCH_SIZE 1000
+#define DEFAULT_INBOX_BATCH_SIZE 5000
 #define DEFAULT_INBOX_DEDUP_RETENTION_S (7 * 24 * 3600)	/* Kafka's retention.ms */
 
 /* Their bounds, where they have others than their type's. */
