@@ -1,15 +1,23 @@
 # ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
-# 0.3.0) to the current one (0.4.0), with messages in every state: pending, retrying,
-# sent (kept under outbox.sent_retention) and dead-lettered.  The library is
-# the new one from the start, as after an upgrade's restart, so this also
-# shows it serving the earlier schemas.
+# 0.3.0, 0.4.0) to the current one (0.5.0), with messages in every state:
+# pending, retrying, sent (kept under outbox.sent_retention) and
+# dead-lettered.  The library is the new one from the start, as after an
+# upgrade's restart, so this also shows it serving the earlier schemas.
 #
-# After the update: the schema is the one a fresh install makes; every
-# pending and retrying message is delivered, in id order per key; the sent
-# rows and dead letters are intact and a dead letter can be requeued and is
-# delivered; new ids are above every old one; an application role granted
-# INSERT on the outbox may still insert; the trigger function is not
-# executable by PUBLIC and pg_monitor is granted nothing.
+# After the update: the schema is the one a fresh install makes, every
+# object of the extension compared (the outbox's and the inbox's tables,
+# columns, constraints, indexes, triggers, sequences, views, functions and
+# types, their privileges, the row security policies and the tables and
+# sequences pg_dump dumps the rows of); every pending and retrying message
+# is delivered, in id order per key; the sent rows and dead letters are
+# intact and a dead letter can be requeued and is delivered; new ids are
+# above every old one; an application role granted INSERT on the outbox
+# may still insert; the trigger function is not executable by PUBLIC and
+# pg_monitor is granted nothing.  And the inbox works in the upgraded
+# database: a plain role granted EXECUTE on inbox_subscribe() subscribes a
+# handler of its own to a new topic, and the messages the database then
+# enqueues are applied by the handler once each, as that role, with no lag
+# left.
 use strict;
 use warnings;
 
@@ -17,7 +25,7 @@ use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $current = '0.4.0';
+my $current = '0.5.0';
 
 sub upgrade_from
 {
@@ -86,8 +94,19 @@ $node->safe_psql('fresh', q{
 	CREATE EXTENSION outbox;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
 	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;});
-# The outbox's tables: the outbox, its segments, the dead letters.
-my $rels = q{(SELECT 'outbox_message'::regclass UNION ALL SELECT 'outbox_dead_letter'::regclass UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox_message'::regclass)};
+# Every object of the extension, and what it is made of: the relations
+# (tables, segments, sequences, views, and the composite types' own
+# relations), their columns, constraints, indexes, triggers (but the
+# foreign keys' own, named by oid) and row security policies; the sequences' parameters; the functions' and types'
+# definitions; the privileges on all of them; the tables and sequences
+# pg_dump dumps the rows of (in any order, which is the order of the
+# pg_extension_config_dump() calls).
+my $members = q{(SELECT classid, objid FROM pg_depend
+	 WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+	   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox'))};
+my $rels = qq{(SELECT objid FROM $members m WHERE classid = 'pg_class'::regclass
+	UNION ALL SELECT typrelid FROM pg_type WHERE oid IN (SELECT objid FROM $members m WHERE classid = 'pg_type'::regclass)
+	   AND typrelid <> 0)};
 my $schema_query = qq{
 	SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
 	 WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
@@ -97,7 +116,7 @@ my $schema_query = qq{
 	              format_type(atttypid, atttypmod), attnotnull, attidentity::text, pg_get_expr(adbin, adrelid),
 	              attacl)
 	  FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum
-	 WHERE attrelid IN $rels AND attnum > 0
+	 WHERE attrelid IN $rels AND attnum > 0 AND NOT attisdropped
 	UNION ALL
 	SELECT conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
 	 WHERE conrelid IN $rels
@@ -105,22 +124,45 @@ my $schema_query = qq{
 	SELECT pg_get_indexdef(indexrelid) FROM pg_index
 	 WHERE indrelid IN $rels
 	UNION ALL
-	SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid IN $rels
+	SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid IN $rels AND NOT tgisinternal
+	UNION ALL
+	SELECT format('policy %s on %s %s %s to %s using %s check %s', polname, polrelid::regclass, polcmd::text,
+	              polpermissive,
+	              (SELECT array_agg(CASE WHEN r = 0 THEN 'public' ELSE r::regrole::text END) FROM unnest(polroles) r),
+	              pg_get_expr(polqual, polrelid),
+	              pg_get_expr(polwithcheck, polrelid))
+	  FROM pg_policy WHERE polrelid IN $rels
+	UNION ALL
+	SELECT format('sequence %s %s start %s increment %s min %s max %s cache %s cycle %s', seqrelid::regclass,
+	              format_type(seqtypid, NULL), seqstart, seqincrement, seqmin, seqmax, seqcache, seqcycle)
+	  FROM pg_sequence WHERE seqrelid IN $rels
 	UNION ALL
 	SELECT c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl, acldefault('r', c.relowner))::text || ' '
+	       || 'row security ' || c.relrowsecurity || ' forced ' || c.relforcerowsecurity || ' '
 	       || coalesce(pg_get_viewdef(c.oid), '')
-	  FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'outbox%'
+	  FROM pg_class c WHERE c.oid IN $rels
 	UNION ALL
 	SELECT p.oid::regprocedure || ' ' || coalesce(p.proacl, acldefault('f', p.proowner))::text || ' ' || pg_get_functiondef(p.oid)
-	  FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'outbox%'
+	  FROM pg_proc p WHERE p.oid IN (SELECT objid FROM $members m WHERE classid = 'pg_proc'::regclass)
 	UNION ALL
-	SELECT 'config ' || extconfig::regclass[]::text || ' ' || extcondition::text
-	  FROM pg_extension WHERE extname = 'outbox'
+	SELECT format('type %s %s %s', t.oid::regtype, t.typtype::text, coalesce(t.typacl, acldefault('T', t.typowner)))
+	  FROM pg_type t WHERE t.oid IN (SELECT objid FROM $members m WHERE classid = 'pg_type'::regclass)
+	UNION ALL
+	SELECT format('config %s %s', c.rel::regclass, c.cond)
+	  FROM pg_extension, unnest(extconfig, extcondition) c(rel, cond) WHERE extname = 'outbox'
 	ORDER BY 1};
 my $upgraded = $node->safe_psql('postgres', $schema_query);
 my $fresh = $node->safe_psql('fresh', $schema_query);
-# The order of extconfig is the order of the pg_extension_config_dump() calls.
-s/^config \{([^}]*)\}/'config {' . join(',', sort split m{,}, $1) . '}'/me for ($upgraded, $fresh);
+# What the comparison takes in, so that it cannot pass by missing it.
+like($fresh, qr/^policy inbox_retry_own on inbox_retry \* t to \{public\} using pg_has_role\(\(run_as\)::oid, 'MEMBER'::text\)/m,
+	'the schema compared holds the row security policies');
+like($fresh, qr/^inbox_dead_letter r \{\w+=arwdDxt\/\w+\} row security true forced false/m,
+	'and the inbox tables, their privileges and row security');
+like($fresh, qr/^inbox_subscribe\(text,text\[\],regprocedure,integer,text,regrole\) \{\w+=X\/\w+\} /m,
+	'and the inbox functions and their privileges');
+is(join(',', $fresh =~ /^config (inbox_\w+) $/mg),
+	'inbox_dead_letter,inbox_offset,inbox_received,inbox_retry,inbox_subscription',
+	'and the inbox tables pg_dump dumps the rows of');
 is($upgraded, $fresh, "the schema upgraded from $from is what a fresh install of $current makes");
 
 is($node->safe_psql('postgres', q{
@@ -172,9 +214,42 @@ my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 3
 is(length($small_records->[0]{value} // ''), 1000, 'the requeued message is delivered');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox_dead_letter'), '0', 'no dead letter is left');
 
+# The inbox in the upgraded database: a plain role, granted EXECUTE on
+# inbox_subscribe(), subscribes a handler as itself to a new topic, which
+# the same database then enqueues to.
+my $inbox_topic = unique_topic("upgrade.$name.inbox");
+kafka_admin('create-topic', $inbox_topic);
+$node->safe_psql('postgres', qq{
+	CREATE ROLE subscriber LOGIN;
+	CREATE TABLE applied (seq bigserial PRIMARY KEY, message_id uuid, key text, payload text,
+	                      applied_by text DEFAULT current_user);
+	GRANT INSERT ON applied TO subscriber;
+	GRANT USAGE ON SEQUENCE applied_seq_seq TO subscriber;
+	CREATE FUNCTION apply(m inbox_message) RETURNS void
+	LANGUAGE sql BEGIN ATOMIC
+	    INSERT INTO applied (message_id, key, payload) VALUES (m.message_id, m.key, payload_text(m));
+	END;
+	REVOKE EXECUTE ON FUNCTION apply(inbox_message) FROM PUBLIC;
+	GRANT EXECUTE ON FUNCTION apply(inbox_message) TO subscriber;
+	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO subscriber;
+	SET ROLE subscriber;
+	SELECT inbox_subscribe('upgraded', ARRAY['$inbox_topic'], 'apply(inbox_message)');
+	RESET ROLE;
+	SELECT count(outbox_enqueue('$inbox_topic', 'inbox ' || i, 'k-' || i % 4)) FROM generate_series(1, 20) i;
+});
+ok(wait_for_query($node, q{SELECT "partition", next_offset, lag FROM inbox_status WHERE subscription = 'upgraded'},
+		'0|20|0', 60),
+	"$from: inbox_status shows the subscription's partition read to its end, lag 0");
+is($node->safe_psql('postgres', qq{
+	SELECT count(*), count(DISTINCT a.message_id), count(o.message_id), string_agg(DISTINCT applied_by, ',')
+	  FROM applied a FULL JOIN (SELECT message_id, key, convert_from(payload, 'UTF8') AS payload
+	                              FROM outbox_message WHERE topic = '$inbox_topic') o USING (message_id, key, payload)}),
+	'20|20|20|subscriber',
+	"$from: the handler applied each message enqueued once, as the role that subscribed");
+
 $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0');
 done_testing();
