@@ -476,6 +476,12 @@ SELECT pg_catalog.pg_extension_config_dump('inbox_offset', '');
 SELECT pg_catalog.pg_extension_config_dump('inbox_received', '');
 SELECT pg_catalog.pg_extension_config_dump('inbox_retry', '');
 SELECT pg_catalog.pg_extension_config_dump('inbox_dead_letter', '');
+-- And the position of inbox_retry's identity sequence: a member of the
+-- extension, whose position pg_dump would otherwise leave out, so that a
+-- restored database handed out the restored retries' and dead letters'
+-- ids again (a dead letter's id is its retry's).
+SELECT pg_catalog.pg_extension_config_dump(
+    pg_catalog.pg_get_serial_sequence('inbox_retry', 'id')::pg_catalog.regclass, '');
 
 -- Subscribing, and the dead letters.  Not SECURITY DEFINER: each checks
 -- who calls it (a subscription's role, or a member of it) and then writes

@@ -421,7 +421,8 @@ inbox_extension_ready(void)
 
 /*
  * Does the database have an inbox subscription?  For its publisher, as it
- * starts (after a server restart, say), so that the launcher starts the
+ * starts (after a server restart, say) and now and then while no inbox
+ * worker is wanted (after a restore), so that the launcher starts the
  * inbox worker too.
  */
 bool

@@ -15,6 +15,13 @@
  * postmaster dies.  Each pass of the loop allocates in a context that is
  * reset after it.
  *
+ * It also tells the launcher that its database wants an inbox worker when
+ * it finds inbox subscriptions that no one told of: as it starts (after a
+ * server restart), and at its first pass INBOX_LOOK_INTERVAL_MS after the
+ * last look while no inbox worker is wanted (subscriptions restored by
+ * pg_restore or psql, whose COPY calls no inbox_subscribe(), once the
+ * restore's CREATE EXTENSION has started this worker).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -41,8 +48,15 @@
 /* The shortest sleep: a retry due now still waits this long. */
 #define MIN_SLEEP_MS 1
 
+/* How often the database is looked at for inbox subscriptions no one told of. */
+#define INBOX_LOOK_INTERVAL_MS 5000
+
 /* The only schemas the worker's statements may find names in. */
 #define WORKER_SEARCH_PATH "pg_catalog, pg_temp"
+
+/* This worker's slot and database. */
+static int	my_slot = -1;
+static Oid	my_database = InvalidOid;
 
 /*
  * How the worker's statements are planned (store.c's PLAN_ONCE): each by
@@ -141,6 +155,35 @@ reclaim_segments_when_due(long *wait_ms)
 	*wait_ms = Min(*wait_ms, TimestampDifferenceMilliseconds(now, reclaim_at));
 }
 
+/* When the database is next looked at for inbox subscriptions. */
+static TimestampTz inbox_look_at = 0;
+
+/*
+ * While no inbox worker is wanted for the database, look for subscriptions
+ * when due, and if there are, have the launcher start one.  A subscription
+ * made by inbox_subscribe() sets wanted as it commits; this finds those
+ * that came otherwise, restored ones.  Not a reason to wake: a pass comes
+ * at least every outbox.poll_interval.  Outside a transaction, between two
+ * turns.
+ */
+static void
+look_for_inbox_subscriptions_when_due(void)
+{
+	MemoryContext loop_context = CurrentMemoryContext;
+	TimestampTz now;
+
+	if (inbox_worker_wanted(my_slot))
+		return;
+	now = GetCurrentTimestamp();
+	if (now >= inbox_look_at)
+	{
+		if (inbox_subscriptions_exist())
+			inbox_want_worker(my_database);
+		MemoryContextSwitchTo(loop_context);
+		inbox_look_at = TimestampTzPlusMilliseconds(now, INBOX_LOOK_INTERVAL_MS);
+	}
+}
+
 /* The extension is gone (DROP EXTENSION): say so, and leave the loop. */
 static void
 leave_without_extension(void)
@@ -164,6 +207,7 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 	ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
 	(void) settings_reload_if_asked();
+	look_for_inbox_subscriptions_when_due();
 
 	/* while Kafka cannot be reached no turn runs: look for the extension */
 	if (!pipeline_prepare_producer(pipeline, wait_ms))
@@ -204,10 +248,13 @@ outbox_publisher_main(Datum main_arg)
 	database = worker_slot_attach(DatumGetInt32(main_arg), generation);
 	if (!OidIsValid(database))
 		proc_exit(0);			/* asked for by a launcher before this one */
+	my_slot = DatumGetInt32(main_arg);
+	my_database = database;
 	connect_to_database(database);
 	/* after a restart, the launcher learns here of the database's subscriptions */
 	if (inbox_subscriptions_exist())
 		inbox_want_worker(database);
+	inbox_look_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_LOOK_INTERVAL_MS);
 
 	pipeline = pipeline_create();
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox publisher loop",

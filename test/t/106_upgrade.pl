@@ -161,8 +161,8 @@ like($fresh, qr/^inbox_dead_letter r \{\w+=arwdDxt\/\w+\} row security true forc
 like($fresh, qr/^inbox_subscribe\(text,text\[\],regprocedure,integer,text,regrole\) \{\w+=X\/\w+\} /m,
 	'and the inbox functions and their privileges');
 is(join(',', $fresh =~ /^config (inbox_\w+) $/mg),
-	'inbox_dead_letter,inbox_offset,inbox_received,inbox_retry,inbox_subscription',
-	'and the inbox tables pg_dump dumps the rows of');
+	'inbox_dead_letter,inbox_offset,inbox_received,inbox_retry,inbox_retry_id_seq,inbox_subscription',
+	'and the inbox tables pg_dump dumps the rows of, and the position of inbox_retry\'s ids');
 is($upgraded, $fresh, "the schema upgraded from $from is what a fresh install of $current makes");
 
 is($node->safe_psql('postgres', q{

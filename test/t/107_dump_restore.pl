@@ -15,6 +15,18 @@
 # outbox_enqueue() works, with ids above every restored message and dead
 # letter.  Then Kafka is let in, and every message is delivered once, in id
 # order per key.
+#
+# The inbox's state goes along: before the dumps the source's inbox has a
+# subscription whose handler (failing for one key, max_attempts 2) applied
+# some messages, dead-lettered one and holds one for a retry (an hour
+# away).  Each restore has the source's rows in inbox_subscription,
+# inbox_offset, inbox_received, inbox_retry and inbox_dead_letter, column
+# by column, the handler still resolves, and new inbox_retry ids are above
+# the restored ones.  Once Kafka is let in, the restored subscription is
+# served: a message enqueued after the restore is applied, the restored
+# ones are not applied again.  (pg_dump -Fc dumps one database, not its
+# roles: in paths A and B the subscription's role is created first, as
+# pg_dumpall --globals-only would.)
 use strict;
 use warnings;
 
@@ -47,6 +59,59 @@ ok(wait_for_query($source,
 		"SELECT (SELECT count(*) FROM outbox_dead_letter) || '/' || (SELECT string_agg(state, ',') FROM outbox_message)",
 		'3/retrying', 60, 'shop'),
 	'source: three dead letters, one message retrying');
+
+# The inbox: a subscription whose handler fails for key k-fail.  Ten
+# messages applied, the first of k-fail dead-lettered after its two
+# attempts; then, retries put an hour away, the second of k-fail fails
+# once and waits in inbox_retry.
+my $inbox_topic = unique_topic('restore.inbox');
+kafka_admin('create-topic', $inbox_topic);
+$source->safe_psql('shop', qq{
+	CREATE ROLE coupon_svc LOGIN;
+	CREATE TABLE coupon (seq bigserial PRIMARY KEY, message_id uuid, key text, payload text);
+	GRANT INSERT ON coupon TO coupon_svc;
+	GRANT USAGE ON SEQUENCE coupon_seq_seq TO coupon_svc;
+	CREATE FUNCTION apply_coupon(m inbox_message) RETURNS void
+	LANGUAGE plpgsql AS \$\$
+	BEGIN
+	    IF m.key = 'k-fail' THEN
+	        RAISE EXCEPTION 'no coupon for %', m.key USING ERRCODE = 'P0001';
+	    END IF;
+	    INSERT INTO coupon (message_id, key, payload) VALUES (m.message_id, m.key, (m).payload_text);
+	END \$\$;
+	REVOKE EXECUTE ON FUNCTION apply_coupon(inbox_message) FROM PUBLIC;
+	GRANT EXECUTE ON FUNCTION apply_coupon(inbox_message) TO coupon_svc;
+	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO coupon_svc;
+	SET ROLE coupon_svc;
+	SELECT inbox_subscribe('coupons', ARRAY['$inbox_topic'], 'apply_coupon(inbox_message)', max_attempts => 2);
+	RESET ROLE;
+	SELECT count(outbox_enqueue('$inbox_topic', 'coupon ' || i, 'k-' || i % 5)) FROM generate_series(1, 10) i;
+	SELECT outbox_enqueue('$inbox_topic', 'dead'::text, 'k-fail');
+});
+ok(wait_for_query($source, q{SELECT (SELECT count(*) FROM coupon) || '/' || (SELECT string_agg(key, ',') FROM inbox_dead_letter)},
+		'10/k-fail', 60, 'shop'),
+	'source: the inbox applied ten messages and dead-lettered one');
+$source->safe_psql('shop', qq{
+	ALTER SYSTEM SET outbox.retry_backoff_base = '1h';
+	ALTER SYSTEM SET outbox.retry_backoff_max = '1h';
+	SELECT pg_reload_conf();
+});
+# after the reload, at most a second
+ok(wait_for_query($source, 'SHOW outbox.retry_backoff_base', '1h', 10, 'shop'), 'source: retries an hour away');
+sleep(1);
+$source->safe_psql('shop', "SELECT outbox_enqueue('$inbox_topic', 'retrying'::text, 'k-fail')");
+ok(wait_for_query($source, q{SELECT string_agg(key || ' ' || attempts || ' ' || sqlstate || ' ' || (next_attempt_at > now() + interval '20 min'), ',') FROM inbox_retry},
+		'k-fail 1 P0001 true', 60, 'shop'),
+	'source: one message waits in inbox_retry, an hour away');
+ok(wait_for_query($source, q{SELECT next_offset FROM inbox_offset}, '12', 30, 'shop'),
+	'source: the inbox has read every message');
+# The inbox worker's transactions start when they start, not when it
+# connected: the retrying message was received after the dead letter failed.
+is($source->safe_psql('shop', q{
+	SELECT (SELECT received_at FROM inbox_retry) > (SELECT failed_at FROM inbox_dead_letter),
+	       (SELECT max(received_at) FROM inbox_received) > (SELECT failed_at FROM inbox_dead_letter)}),
+	't|t', 'source: the inbox records when it received and gave up on each message');
+
 $source->safe_psql('shop', "ALTER SYSTEM SET outbox.brokers = '$unreachable'; SELECT pg_reload_conf()");
 ok(wait_for_query($source, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30, 'shop'),
 	'source: the worker waits for brokers');
@@ -65,18 +130,26 @@ finish_load($load);
 my $dead_letters_query =
   'SELECT id, message_id, topic, key, md5(payload), attempts, created_at, failed_at, error FROM outbox_dead_letter ORDER BY id';
 my $source_dead_letters = $source->safe_psql('shop', $dead_letters_query);
+# The inbox's tables, every column of every row.
+my %inbox_query = map { ($_ => "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM $_ t") }
+  qw(inbox_subscription inbox_offset inbox_received inbox_retry inbox_dead_letter);
+my %source_inbox = map { ($_ => $source->safe_psql('shop', $inbox_query{$_})) } keys %inbox_query;
+is($source->safe_psql('shop', q{
+	SELECT (SELECT count(*) FROM inbox_subscription), (SELECT count(*) FROM inbox_received),
+	       (SELECT count(*) FROM inbox_retry), (SELECT count(*) FROM inbox_dead_letter)}),
+	'1|12|1|1', 'source: the inbox holds a subscription, 12 received ids, a retry and a dead letter');
 $source->stop('fast');
 
 my %restore = (
 	'A. pg_restore' => sub {
 		my ($node) = @_;
-		$node->safe_psql('postgres', 'CREATE DATABASE shop');
+		$node->safe_psql('postgres', 'CREATE ROLE coupon_svc LOGIN; CREATE DATABASE shop');
 		command_ok([ 'pg_restore', '-d', $node->connstr('shop'), "$dir/shop.dump" ],
 			'A. pg_restore: restored');
 	},
 	'B. schema, then data' => sub {
 		my ($node) = @_;
-		$node->safe_psql('postgres', 'CREATE DATABASE shop');
+		$node->safe_psql('postgres', 'CREATE ROLE coupon_svc LOGIN; CREATE DATABASE shop');
 		command_ok([ 'pg_restore', '--schema-only', '-d', $node->connstr('shop'), "$dir/shop.dump" ],
 			'B. schema, then data: schema restored');
 		command_ok([ 'pg_restore', '--data-only', '-d', $node->connstr('shop'), "$dir/shop.dump" ],
@@ -113,9 +186,24 @@ for my $path (sort keys %restore)
 	is($node->safe_psql('shop', 'SELECT topic, key, state, attempts > 0 FROM outbox_message WHERE key = \'k-stale\''),
 		"$stale|k-stale|retrying|t", "$path: the retrying message is restored retrying");
 	is($node->safe_psql('shop', $dead_letters_query), $source_dead_letters, "$path: the dead letters are kept");
+	is($node->safe_psql('shop', $inbox_query{$_}), $source_inbox{$_}, "$path: $_ holds the source's rows")
+	  for sort keys %inbox_query;
+	is($node->safe_psql('shop', q{
+			SELECT handler, handler::regprocedure = 'apply_coupon(inbox_message)'::regprocedure FROM inbox_subscription}),
+		'public.apply_coupon(public.inbox_message)|t', "$path: the subscription's handler resolves");
+	# A new retry id (rolled back) is above every restored retry and dead letter.
+	is($node->safe_psql('shop', q{
+			BEGIN;
+			WITH r AS (INSERT INTO inbox_retry (subscription, run_as, topic, "partition", "offset")
+			           VALUES ('coupons', 'coupon_svc', 'x', 0, 0) RETURNING id)
+			SELECT r.id > (SELECT max(id) FROM (SELECT id FROM inbox_retry WHERE topic <> 'x'
+			                                    UNION ALL SELECT id FROM inbox_dead_letter) i) FROM r;
+			ROLLBACK;}),
+		't', "$path: inbox_retry's new ids are above the restored ones");
 
 	my $highest = $node->safe_psql('shop',
 		'SELECT greatest((SELECT max(id) FROM outbox_message), (SELECT max(id) FROM outbox_dead_letter))');
+	$node->safe_psql('shop', "SELECT outbox_enqueue('$inbox_topic', '$path'::text, 'k-restored')");
 	my ($ret, $new_ids, $stderr) = $node->psql('shop', qq{
 		SELECT outbox_enqueue('$load_topic', 'after the restore'::text, 'k-new');
 		INSERT INTO outbox_message (topic, key, payload) VALUES ('$load_topic', 'k-new', 'inserted after the restore')
@@ -146,6 +234,13 @@ for my $path (sort keys %restore)
 		"$path: " . scalar(keys %committed) . ' messages delivered once each, in id order per key');
 	is($node->safe_psql('shop', 'SELECT count(*) FROM outbox_dead_letter'), '3',
 		"$path: the dead letters stay");
+	# The inbox reads on from the restored offset: the message enqueued
+	# after the restore is applied (and those the earlier paths enqueued),
+	# none of the ten the source applied again.
+	ok(wait_for_query($node, qq{SELECT count(*) FROM coupon WHERE payload = '$path'}, '1', 60, 'shop'),
+		"$path: the restored subscription is served, a message enqueued after the restore applied");
+	is($node->safe_psql('shop', q{SELECT count(*), count(DISTINCT message_id) FROM coupon WHERE key <> 'k-restored'}),
+		'10|10', "$path: no message the source applied is applied again");
 	$node->stop('fast');
 	is(worker_exits($node), $exits, "$path: the worker never exited after the restore");
 }
