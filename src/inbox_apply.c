@@ -634,6 +634,21 @@ handler_call(Handler *h, MessageRow *row)
 	MemoryContextReset(h->call_context);
 }
 
+/* What handler_call_guarded() passes to run_in_subtransaction(). */
+typedef struct HandlerCall
+{
+	Handler    *handler;
+	MessageRow *row;
+} HandlerCall;
+
+static void
+run_handler_call(void *arg)
+{
+	HandlerCall *call = arg;
+
+	handler_call(call->handler, call->row);
+}
+
 /*
  * Call the handler in a subtransaction of its own: returns true if it
  * returned, false with its error if it raised one (its effects then rolled
@@ -642,34 +657,15 @@ handler_call(Handler *h, MessageRow *row)
 static bool
 handler_call_guarded(Handler *h, MessageRow *row, HandlerError *error)
 {
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool returned = true;
+	HandlerCall call = {h, row};
+	ErrorData  *edata = run_in_subtransaction(run_handler_call, &call);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		handler_call(h, row);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(context);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		error->sqlstate = pstrdup(unpack_sql_state(edata->sqlerrcode));
-		error->message = edata->message;
-		error->context = edata->context;
-		returned = false;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(context);
-	CurrentResourceOwner = owner;
-	return returned;
+	if (edata == NULL)
+		return true;
+	error->sqlstate = pstrdup(unpack_sql_state(edata->sqlerrcode));
+	error->message = edata->message;
+	error->context = edata->context;
+	return false;
 }
 
 /*
@@ -774,6 +770,12 @@ compare_ids(const void *a, const void *b)
 	return memcmp(DatumGetUUIDP(*(const Datum *) a), DatumGetUUIDP(*(const Datum *) b), UUID_LEN);
 }
 
+static void
+insert_all_as_new(void *args)
+{
+	run(STMT_ADD_NEW_RECEIVED, args, NULL, SPI_OK_INSERT);
+}
+
 /*
  * Insert the batch's ids into inbox_received in a subtransaction, as if none
  * were a duplicate; false (and nothing inserted) if one was.
@@ -781,34 +783,11 @@ compare_ids(const void *a, const void *b)
 static bool
 insert_if_all_new(Datum *args)
 {
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool all_new = true;
+	ErrorData  *error = run_in_subtransaction(insert_all_as_new, args);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		run(STMT_ADD_NEW_RECEIVED, args, NULL, SPI_OK_INSERT);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(context);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		CurrentResourceOwner = owner;
-		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
-			ReThrowError(edata);
-		all_new = false;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(context);
-	CurrentResourceOwner = owner;
-	return all_new;
+	if (error && error->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
+		ReThrowError(error);
+	return error == NULL;
 }
 
 /*
@@ -1120,7 +1099,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 		}
 		else
 		{
-			inbox_report_error(LOG, "could not apply a batch of subscription \"%s\": %s",
+			worker_report_error(LOG, "could not apply a batch of subscription \"%s\": %s",
 							   st->subscription->name, edata->message);
 			result = TRY_FAILED;
 		}
@@ -1307,7 +1286,7 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 		FlushErrorState();
 		AbortOutOfAnyTransaction();
 		MemoryContextSwitchTo(caller);
-		inbox_report_error(LOG, "could not retry messages of subscription \"%s\": %s",
+		worker_report_error(LOG, "could not retry messages of subscription \"%s\": %s",
 						   s->name, edata->message);
 		memset(outcome, 0, sizeof(*outcome));
 		done = false;

@@ -185,7 +185,7 @@ handle_messages(InboxConsumer *c, WireReader *r)
 	c->fetch_outstanding = false;
 	if (r->failed)
 	{
-		inbox_report_error(LOG, "subscription \"%s\": a malformed batch from its Kafka process",
+		worker_report_error(LOG, "subscription \"%s\": a malformed batch from its Kafka process",
 						   c->subscription->name);
 		MemoryContextDelete(context);
 		c->gone = true;
@@ -223,11 +223,11 @@ handle_consume_error(InboxConsumer *c, WireReader *r)
 	const char *reason = wire_string(r, &len);
 
 	if (partition < 0)
-		inbox_report_error(LOG, "subscription \"%s\" cannot read topic \"%s\" for now: %s (%d)",
+		worker_report_error(LOG, "subscription \"%s\" cannot read topic \"%s\" for now: %s (%d)",
 						   c->subscription->name, topic,
 						   kafka_link_scrubbed(c->link, reason, len), error);
 	else
-		inbox_report_error(LOG, "subscription \"%s\" cannot read topic \"%s\" partition %d for now: %s (%d)",
+		worker_report_error(LOG, "subscription \"%s\" cannot read topic \"%s\" partition %d for now: %s (%d)",
 						   c->subscription->name, topic, partition,
 						   kafka_link_scrubbed(c->link, reason, len), error);
 }
@@ -254,7 +254,7 @@ handle_frame(void *arg, KafkaLink *link, uint8 type, WireReader *r)
 		case WIRE_ERROR:
 			error = wire_i32(r);
 			reason = wire_string(r, &len);
-			inbox_report_error(LOG, "subscription \"%s\": Kafka: %s (%d)", c->subscription->name,
+			worker_report_error(LOG, "subscription \"%s\": Kafka: %s (%d)", c->subscription->name,
 							   kafka_link_scrubbed(link, reason, len), error);
 			break;
 		default:

@@ -353,26 +353,39 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 }
 
 /*
- * The role of a subscription, checked that the caller may act for it;
- * InvalidOid if there is no such subscription.
+ * The role that the row a statement finds (with one parameter, of this
+ * type) belongs to, checked that the caller may act for it; InvalidOid if
+ * there is no such row.
  */
 static Oid
-subscription_role(text *name, const char *action)
+role_of(const char *sql, Oid type, Datum value, const char *action)
 {
-	Oid			types[1] = {TEXTOID};
-	Datum		values[1] = {PointerGetDatum(name)};
 	bool		isnull;
 	Oid			run_as;
 
-	run_as_owner("SELECT run_as::pg_catalog.oid FROM %s.inbox_subscription"
-				 " WHERE name OPERATOR(pg_catalog.=) $1",
-				 1, types, values, NULL);
+	run_as_owner(sql, 1, &type, &value, NULL);
 	if (SPI_processed == 0)
 		return InvalidOid;
 	run_as = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 											&isnull));
 	check_may_act_for(run_as, action);
 	return run_as;
+}
+
+static Oid
+subscription_role(text *name, const char *action)
+{
+	return role_of("SELECT run_as::pg_catalog.oid FROM %s.inbox_subscription"
+				   " WHERE name OPERATOR(pg_catalog.=) $1",
+				   TEXTOID, PointerGetDatum(name), action);
+}
+
+static Oid
+dead_letter_role(Datum dead_letter_id, const char *action)
+{
+	return role_of("SELECT run_as::pg_catalog.oid FROM %s.inbox_dead_letter"
+				   " WHERE id OPERATOR(pg_catalog.=) $1",
+				   INT8OID, dead_letter_id, action);
 }
 
 Datum
@@ -419,26 +432,6 @@ inbox_unsubscribe(PG_FUNCTION_ARGS)
 	SPI_finish();
 	tell_inbox_at_commit_of_this_transaction();
 	PG_RETURN_VOID();
-}
-
-/* The role of a dead letter's subscription, checked; InvalidOid if there is no such dead letter. */
-static Oid
-dead_letter_role(Datum dead_letter_id, const char *action)
-{
-	Oid			types[1] = {INT8OID};
-	Datum		values[1] = {dead_letter_id};
-	bool		isnull;
-	Oid			run_as;
-
-	run_as_owner("SELECT run_as::pg_catalog.oid FROM %s.inbox_dead_letter"
-				 " WHERE id OPERATOR(pg_catalog.=) $1",
-				 1, types, values, NULL);
-	if (SPI_processed == 0)
-		return InvalidOid;
-	run_as = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
-											&isnull));
-	check_may_act_for(run_as, action);
-	return run_as;
 }
 
 /*

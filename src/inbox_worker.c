@@ -213,7 +213,7 @@ start_consumers(void)
 		if (sub->consumer == NULL)
 		{
 			inbox_report_state(INBOX_WAITING_FOR_BROKERS);
-			inbox_report_error(LOG, "could not start the consumer of subscription \"%s\": %s",
+			worker_report_error(LOG, "could not start the consumer of subscription \"%s\": %s",
 							   sub->subscription->name, reason);
 			sub->start_after = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   CONSUMER_RESTART_PAUSE_MS);

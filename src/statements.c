@@ -4,7 +4,9 @@
  *	  The workers' prepared statements.  A worker's SQL is a StatementSet:
  *	  statements named for its errors, prepared with SPI once per extension
  *	  schema (SPI_keepplan()), again if the extension is dropped and created
- *	  anew.  Callers run inside a transaction with SPI connected.
+ *	  anew.  Callers run inside a transaction with SPI connected.  And what
+ *	  runs in a subtransaction of its own, so that its failure undoes only
+ *	  its own work.
  *
  *-------------------------------------------------------------------------
  */
@@ -13,12 +15,14 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 
 #include "statements.h"
 
@@ -128,4 +132,36 @@ statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls, int e
 		elog(ERROR, "outbox: worker statement \"%s\" failed: %s",
 			 set->defs[stmt].name, SPI_result_code_string(rc));
 	return (int) SPI_processed;
+}
+
+/*
+ * Run run(arg) in a subtransaction of its own.  Returns NULL if it
+ * returned; else its error, copied into the caller's memory context, with
+ * what it did rolled back and the error state cleared.
+ */
+ErrorData *
+run_in_subtransaction(void (*run) (void *arg), void *arg)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	ErrorData  *volatile error = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		run(arg);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(context);
+	CurrentResourceOwner = owner;
+	return error;
 }

@@ -45,5 +45,6 @@ extern Oid	statements_find_extension(StatementSet *set);
 extern void statements_forget(StatementSet *set);
 extern int	statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls,
 						  int expected);
+extern ErrorData *run_in_subtransaction(void (*run) (void *arg), void *arg);
 
 #endif							/* OUTBOX_STATEMENTS_H */

@@ -873,6 +873,21 @@ move_to_dead_letter(RecordingStep *step)
 	SPI_freetuptable(SPI_tuptable);
 }
 
+/* A recording step, as run_in_subtransaction() runs it. */
+typedef struct IsolatedStep
+{
+	void		(*run_step) (RecordingStep *step);
+	RecordingStep *step;
+} IsolatedStep;
+
+static void
+run_isolated_step(void *arg)
+{
+	IsolatedStep *isolated = arg;
+
+	isolated->run_step(isolated->step);
+}
+
 /*
  * Run a recording step in a subtransaction of its own, as a PL/pgSQL
  * exception block does, so that its failure undoes only what it did, and
@@ -886,33 +901,13 @@ static char *
 run_isolated(const char *what, void (*run_step) (RecordingStep *step),
 			 RecordingStep *step)
 {
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	char	   *volatile failure = NULL;
+	IsolatedStep isolated = {run_step, step};
+	ErrorData  *error = run_in_subtransaction(run_isolated_step, &isolated);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		run_step(step);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(context);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		failure = edata->message;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(context);
-	CurrentResourceOwner = owner;
-	if (failure)
-		worker_report_error(LOG, "could not %s: %s", what, failure);
-	return failure;
+	if (error == NULL)
+		return NULL;
+	worker_report_error(LOG, "could not %s: %s", what, error->message);
+	return error->message;
 }
 
 /*

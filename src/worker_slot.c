@@ -823,7 +823,8 @@ worker_brokers_known_reachable(void)
 /*
  * Report an error the worker lives through: into the server log at elevel
  * (LOG, or DEBUG1 for what librdkafka's own log lines already say) and into
- * outbox_worker's last_error.  Never ERROR: the worker goes on.
+ * outbox_worker's last_error, or in an inbox worker inbox_worker's.  Never
+ * ERROR: the worker goes on.
  */
 void
 worker_report_error(int elevel, const char *fmt,...)
@@ -836,24 +837,26 @@ worker_report_error(int elevel, const char *fmt,...)
 	vsnprintf(message, sizeof(message), fmt, args);
 	va_end(args);
 
-	ereport(elevel, (errmsg("outbox: %s", message)));
+	ereport(elevel, (errmsg("%s: %s", my_slot ? "outbox" : "outbox inbox", message)));
 	worker_record_error(message);
 }
 
 /*
- * Put a message into outbox_worker's last_error, for an error that the
- * caller has reported to the log itself (with an errcode and a hint, say).
- * In an inbox worker, whose Kafka processes report through the same code
- * as a publisher's (kafka_link.c), into inbox_worker's.
+ * Put a message into outbox_worker's last_error (in an inbox worker,
+ * inbox_worker's), for an error that the caller has reported to the log
+ * itself (with an errcode and a hint, say).
  */
 void
 worker_record_error(const char *message)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (my_slot == NULL && my_inbox_slot != NULL)
+	if (my_slot == NULL)
 	{
-		inbox_record_error(message);
+		SpinLockAcquire(&my_inbox_slot->mutex);
+		strlcpy(my_inbox_slot->inbox.last_error, message, WORKER_LAST_ERROR_LEN);
+		my_inbox_slot->inbox.last_error_at = now;
+		SpinLockRelease(&my_inbox_slot->mutex);
 		return;
 	}
 	SpinLockAcquire(&my_slot->mutex);
@@ -1135,37 +1138,6 @@ inbox_report_state(InboxWorkerState state)
 {
 	SpinLockAcquire(&my_inbox_slot->mutex);
 	my_inbox_slot->inbox.state = state;
-	SpinLockRelease(&my_inbox_slot->mutex);
-}
-
-/*
- * Report an error the inbox worker lives through: into the server log at
- * elevel and into inbox_worker's last_error.  Never ERROR.
- */
-void
-inbox_report_error(int elevel, const char *fmt,...)
-{
-	char		message[WORKER_LAST_ERROR_LEN];
-	va_list		args;
-
-	Assert(elevel < ERROR);
-	va_start(args, fmt);
-	vsnprintf(message, sizeof(message), fmt, args);
-	va_end(args);
-
-	ereport(elevel, (errmsg("outbox inbox: %s", message)));
-	inbox_record_error(message);
-}
-
-/* Put a message into inbox_worker's last_error; the caller has logged it. */
-void
-inbox_record_error(const char *message)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	strlcpy(my_inbox_slot->inbox.last_error, message, WORKER_LAST_ERROR_LEN);
-	my_inbox_slot->inbox.last_error_at = now;
 	SpinLockRelease(&my_inbox_slot->mutex);
 }
 

@@ -147,7 +147,10 @@ extern uint32 worker_slot_generation(int slot);
 /* In a probe. */
 extern void probe_report(Oid database, ProbeResult result);
 
-/* In a publisher, about itself, once attached to its slot. */
+/*
+ * In a publisher, about itself, once attached to its slot; the report of
+ * errors also in an inbox worker, about itself.
+ */
 extern Oid	worker_slot_attach(int slot, uint32 generation);
 extern void worker_report_exit(WorkerExitReason reason);
 extern void worker_report_state(OutboxWorkerState state);
@@ -168,8 +171,6 @@ extern Oid	inbox_attach(int slot, uint32 generation);
 extern bool inbox_slot_still_mine(void);
 extern void inbox_forget_wanted(void);
 extern void inbox_report_state(InboxWorkerState state);
-extern void inbox_report_error(int elevel, const char *fmt,...) pg_attribute_printf(2, 3);
-extern void inbox_record_error(const char *message);
 extern void inbox_count_outcomes(uint64 applied, uint64 duplicates, uint64 failed,
 								 uint64 dead_lettered);
 
