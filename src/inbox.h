@@ -96,6 +96,6 @@ extern bool inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch,
 							  bool keys_may_be_held, InboxOutcome *outcome);
 extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome);
 extern long inbox_ms_until_next_retry(const InboxSubscription *s);
-extern void inbox_forget_old_ids(void);
+extern bool inbox_forget_old_ids(void);
 
 #endif							/* OUTBOX_INBOX_H */

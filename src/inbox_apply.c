@@ -44,6 +44,7 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -54,6 +55,7 @@
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 #include "utils/snapmgr.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
@@ -617,7 +619,12 @@ handler_leave(Handler *h)
 	SetUserIdAndSecContext(h->saved_user, h->saved_context);
 }
 
-/* Call the handler with one message; what it returns is ignored. */
+/*
+ * Call the handler with one message; what it returns is ignored.  Each call
+ * is a statement as statement_timeout sees it (the worker's value: the
+ * server's, the database's), as a call from a client would be: a handler
+ * that runs longer is cancelled, its message failed, and retried.
+ */
 static void
 handler_call(Handler *h, MessageRow *row)
 {
@@ -628,7 +635,18 @@ handler_call(Handler *h, MessageRow *row)
 	InitFunctionCallInfoData(*fcinfo, &h->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = HeapTupleGetDatum(tuple);
 	fcinfo->args[0].isnull = false;
-	(void) FunctionCallInvoke(fcinfo);
+	if (StatementTimeout > 0)
+		enable_timeout_after(STATEMENT_TIMEOUT, StatementTimeout);
+	PG_TRY();
+	{
+		(void) FunctionCallInvoke(fcinfo);
+	}
+	PG_FINALLY();
+	{
+		if (StatementTimeout > 0)
+			disable_timeout(STATEMENT_TIMEOUT, false);
+	}
+	PG_END_TRY();
 	CommandCounterIncrement();
 	MemoryContextSwitchTo(caller);
 	MemoryContextReset(h->call_context);
@@ -1316,16 +1334,21 @@ inbox_ms_until_next_retry(const InboxSubscription *s)
 	return isnull ? -1 : (long) Max(ms, 0);
 }
 
-/* Forget the ids received longer ago than outbox.inbox_dedup_retention. */
-void
+/*
+ * Forget the ids received longer ago than outbox.inbox_dedup_retention, at
+ * most IDS_FORGOTTEN_PER_PASS of them.  Returns whether there may be more.
+ */
+bool
 inbox_forget_old_ids(void)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	Datum		args[2] = {Int32GetDatum(outbox_inbox_dedup_retention),
 	Int32GetDatum(IDS_FORGOTTEN_PER_PASS)};
+	int			forgotten;
 
 	if (!begin_transaction())
-		return;
-	run(STMT_FORGET_IDS, args, NULL, SPI_OK_DELETE);
+		return false;
+	forgotten = run(STMT_FORGET_IDS, args, NULL, SPI_OK_DELETE);
 	commit_transaction(caller);
+	return forgotten == IDS_FORGOTTEN_PER_PASS;
 }

@@ -43,8 +43,13 @@
 /* The pause before a consumer that failed, or whose batch failed, starts again. */
 #define CONSUMER_RESTART_PAUSE_MS 5000
 
-/* How often the ids older than outbox.inbox_dedup_retention are forgotten. */
+/*
+ * How often the ids older than outbox.inbox_dedup_retention are forgotten:
+ * every minute, or four times in a retention if that is shorter, but not
+ * more often than every second.
+ */
 #define FORGET_INTERVAL_MS (60 * 1000)
+#define MIN_FORGET_INTERVAL_MS 1000
 
 /*
  * Memory that malloc() keeps for the worker rather than give back to the
@@ -351,13 +356,24 @@ apply_due_retries(void)
 	}
 }
 
+static long
+forget_interval_ms(void)
+{
+	int64		quarter_ms = (int64) outbox_inbox_dedup_retention * 1000 / 4;
+
+	return (long) Max(Min(quarter_ms, FORGET_INTERVAL_MS), MIN_FORGET_INTERVAL_MS);
+}
+
 static void
 forget_old_ids_when_due(void)
 {
+	bool		more;
+
 	if (GetCurrentTimestamp() < forget_at)
 		return;
-	inbox_forget_old_ids();
-	forget_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), FORGET_INTERVAL_MS);
+	more = inbox_forget_old_ids();
+	/* at any rate of messages, as many are forgotten as come */
+	forget_at = more ? 0 : TimestampTzPlusMilliseconds(GetCurrentTimestamp(), forget_interval_ms());
 }
 
 /*
@@ -425,7 +441,8 @@ outbox_inbox_main(Datum main_arg)
 	while (!ShutdownRequestPending && inbox_slot_still_mine())
 	{
 		CHECK_FOR_INTERRUPTS();
-		(void) settings_reload_if_asked();
+		if (settings_reload_if_asked())
+			forget_at = 0;		/* outbox.inbox_dedup_retention may have changed */
 		refresh_subscriptions_when_due();
 		if (!have_subscriptions())
 			break;

@@ -19,6 +19,8 @@ my $node = outbox_node('inbox', conf => join("\n",
 	"outbox.retry_backoff_max = '400ms'",
 	"outbox.max_attempts = 3"));
 $node->safe_psql('postgres', 'CREATE DATABASE coupons');
+# as a database's setting, for every session of it and the inbox worker too
+$node->safe_psql('postgres', "ALTER DATABASE coupons SET statement_timeout = '1s'");
 $node->safe_psql('coupons', 'CREATE EXTENSION outbox');
 
 my $topic = unique_topic('inbox.users');
@@ -46,6 +48,9 @@ $node->safe_psql('coupons', q{
 	       OR (m.key = 'user-3' AND ((m).payload_jsonb ->> 'user_id')::int >= 2000
 	           AND nextval('transient_failures') <= 2) THEN
 	        RAISE EXCEPTION 'no coupon for %', m.key USING ERRCODE = 'P0001';
+	    END IF;
+	    IF m.key = 'slow' THEN
+	        PERFORM pg_sleep(3);
 	    END IF;
 	    INSERT INTO coupon (message_id, topic, part, off, key, user_id, headers, ts, applied_by)
 	    VALUES (m.message_id, m.topic, m.partition, m.offset, m.key,
@@ -197,6 +202,14 @@ is($node->safe_psql('coupons', "SET ROLE coupon_svc; SELECT inbox_discard($dead[
 	'inbox_discard() deletes one');
 is($node->safe_psql('coupons', 'SELECT count(*) FROM inbox_dead_letter'), '3', 'three dead letters left');
 
+# statement_timeout cancels a handler call that runs longer, as it would a
+# client's statement: the message fails, is retried, and dead-lettered.
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$topic', '{"user_id": 3000}'::jsonb, 'slow')});
+ok(wait_for_query($node, q{SELECT sqlstate || ' ' || attempts FROM inbox_dead_letter WHERE key = 'slow'},
+		'57014 3', 60, 'coupons'),
+	'a handler that runs longer than statement_timeout is cancelled (57014) at each attempt');
+$node->safe_psql('coupons', q{SET ROLE coupon_svc; SELECT inbox_discard(id) FROM inbox_dead_letter WHERE key = 'slow'});
+
 # Each subscription's role sees its own dead letters only.
 $node->safe_psql('coupons', q{
 	GRANT SELECT ON inbox_dead_letter, inbox_retry TO coupon_svc, intruder});
@@ -206,6 +219,17 @@ is($node->safe_psql('coupons', 'SET ROLE intruder; SELECT count(*) FROM inbox_de
 	'another role sees none of them');
 ($ret, $out, $err) = $node->psql('coupons', 'SET ROLE coupon_svc; SELECT count(*) FROM inbox_received');
 like($err, qr/permission denied for table inbox_received/, 'nor the received ids, granted to no one');
+
+# outbox.inbox_dedup_retention: the ids received longer ago are forgotten,
+# and a message that comes again after that is applied again.
+$node->safe_psql('coupons', q{ALTER SYSTEM SET outbox.inbox_dedup_retention = '2s'; SELECT pg_reload_conf()});
+ok(wait_for_query($node, q{SELECT count(*) FROM inbox_received}, '0', 30, 'coupons'),
+	'the ids received longer ago than outbox.inbox_dedup_retention are forgotten');
+kafka_admin('produce', $topic, '--partition', '0', '--key', 'dup', '--value-hex',
+	unpack('H*', '{"user_id": 1000}'), '--header', "outbox-message-id=$dup_id");
+ok(wait_for_query($node, "SELECT count(*) FROM coupon WHERE message_id = '$dup_id'", '2', 30, 'coupons'),
+	'a message that comes again after its id was forgotten is applied again, as documented');
+$node->safe_psql('coupons', q{ALTER SYSTEM RESET outbox.inbox_dedup_retention; SELECT pg_reload_conf()});
 
 # Unsubscribing.
 ($ret, $out, $err) = $node->psql('coupons', q{SELECT inbox_unsubscribe('coupons')});
