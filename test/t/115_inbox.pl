@@ -208,7 +208,8 @@ $node->safe_psql('postgres', qq{SELECT outbox_enqueue('$topic', '{"user_id": 300
 ok(wait_for_query($node, q{SELECT sqlstate || ' ' || attempts FROM inbox_dead_letter WHERE key = 'slow'},
 		'57014 3', 60, 'coupons'),
 	'a handler that runs longer than statement_timeout is cancelled (57014) at each attempt');
-$node->safe_psql('coupons', q{SET ROLE coupon_svc; SELECT inbox_discard(id) FROM inbox_dead_letter WHERE key = 'slow'});
+my $slow = $node->safe_psql('coupons', q{SELECT id FROM inbox_dead_letter WHERE key = 'slow'});
+$node->safe_psql('coupons', "SET ROLE coupon_svc; SELECT inbox_discard($slow)");
 
 # Each subscription's role sees its own dead letters only.
 $node->safe_psql('coupons', q{
