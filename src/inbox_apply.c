@@ -46,6 +46,7 @@
 #include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/array.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
@@ -55,6 +56,7 @@
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
@@ -580,9 +582,14 @@ handler_open(Handler *h, const InboxSubscription *s, char **why)
 	*why = NULL;
 	if (!OidIsValid(function))
 		*why = psprintf("its handler %s does not exist", s->handler);
+	else if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(s->run_as)))
+		*why = psprintf("its role (oid %u) does not exist", s->run_as);
 	else if (superuser_arg(s->run_as))
 		*why = psprintf("its role \"%s\" is a superuser, which a handler never runs as",
-						GetUserNameFromId(s->run_as, true));
+						GetUserNameFromId(s->run_as, false));
+	else if (pg_proc_aclcheck(function, s->run_as, ACL_EXECUTE) != ACLCHECK_OK)
+		*why = psprintf("its role \"%s\" may not execute its handler %s",
+						GetUserNameFromId(s->run_as, false), s->handler);
 	if (*why)
 		return false;
 	(void) get_func_signature(function, &argtypes, &nargs);

@@ -221,6 +221,19 @@ is($node->safe_psql('coupons', 'SET ROLE intruder; SELECT count(*) FROM inbox_de
 ($ret, $out, $err) = $node->psql('coupons', 'SET ROLE coupon_svc; SELECT count(*) FROM inbox_received');
 like($err, qr/permission denied for table inbox_received/, 'nor the received ids, granted to no one');
 
+# A subscription whose role lost EXECUTE on its handler is not applied
+# (the worker calls it directly, where no one else would check): it waits,
+# saying why, and goes on once the grant is back.
+$node->safe_psql('coupons', 'REVOKE EXECUTE ON FUNCTION apply_coupon(inbox_message) FROM coupon_svc');
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$topic', '{"user_id": 4000}'::jsonb, 'grant')});
+ok(wait_for_query($node, q{SELECT last_error LIKE '%"coupon_svc" may not execute its handler%' FROM inbox_worker},
+		't', 30, 'coupons'),
+	'a handler its role may no longer execute is not called, and inbox_worker says why');
+is($node->safe_psql('coupons', 'SELECT count(*) FROM coupon WHERE user_id = 4000'), '0', 'its message waits');
+$node->safe_psql('coupons', 'GRANT EXECUTE ON FUNCTION apply_coupon(inbox_message) TO coupon_svc');
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 4000', '1', 30, 'coupons'),
+	'and is applied once the grant is back');
+
 # outbox.inbox_dedup_retention: the ids received longer ago are forgotten,
 # and a message that comes again after that is applied again.
 $node->safe_psql('coupons', q{ALTER SYSTEM SET outbox.inbox_dedup_retention = '2s'; SELECT pg_reload_conf()});
