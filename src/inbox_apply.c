@@ -109,6 +109,14 @@ typedef enum InboxStatement
 #define DUE_NOW \
 	"(r.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() OR " ORPHANED ")"
 
+/*
+ * The statements are planned once (PLAN_ONCE), for any values: each is an
+ * insert, an upsert or a probe of the index it is written for, whatever
+ * the tables' statistics say, and at a thousand messages a second, in
+ * batches of a few, planning them anew for each batch cost more than
+ * running them.  Forgetting old ids, a scan of a range of received_at, is
+ * planned for its values.
+ */
 static const StatementDef statement_defs[STMT_COUNT] = {
 	[STMT_SUBSCRIPTIONS] = {
 		"read the subscriptions",
@@ -116,13 +124,13 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"       coalesce(max_attempts, 0), start_from OPERATOR(pg_catalog.=) 'earliest',"
 		"       created_at, search_path"
 		"  FROM %1$s.inbox_subscription ORDER BY name",
-		0, {InvalidOid}, PLAN_EACH_TIME
+		0, {InvalidOid}, PLAN_ONCE
 	},
 	[STMT_POSITIONS] = {
 		"read the offsets",
 		"SELECT topic, \"partition\", next_offset, coalesce(high_watermark, -1)"
 		"  FROM %1$s.inbox_offset WHERE subscription OPERATOR(pg_catalog.=) $1",
-		1, {TEXTOID}, PLAN_EACH_TIME
+		1, {TEXTOID}, PLAN_ONCE
 	},
 	/* the partitions a consumer was assigned: where each starts, unless known */
 	[STMT_ADD_POSITIONS] = {
@@ -135,7 +143,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"       AS f(topic, p, n, h)"
 		" ON CONFLICT (subscription, topic, \"partition\") DO UPDATE"
 		"   SET high_watermark = coalesce(EXCLUDED.high_watermark, o.high_watermark)",
-		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_EACH_TIME
+		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_ONCE
 	},
 	[STMT_ADVANCE_POSITIONS] = {
 		"record the offsets",
@@ -149,7 +157,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"   SET next_offset = EXCLUDED.next_offset,"
 		"       high_watermark = coalesce(EXCLUDED.high_watermark, o.high_watermark),"
 		"       last_applied_at = EXCLUDED.last_applied_at",
-		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_EACH_TIME
+		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_ONCE
 	},
 	/*
 	 * The ids of the batch go into inbox_received before its handlers run
@@ -163,14 +171,14 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"record the messages received",
 		"INSERT INTO %1$s.inbox_received (subscription, message_id)"
 		"SELECT $1, pg_catalog.unnest($2::pg_catalog.uuid[])",
-		2, {TEXTOID, UUIDARRAYOID}, PLAN_EACH_TIME
+		2, {TEXTOID, UUIDARRAYOID}, PLAN_ONCE
 	},
 	[STMT_ADD_RECEIVED] = {
 		"record the messages received, but for duplicates",
 		"INSERT INTO %1$s.inbox_received (subscription, message_id)"
 		"SELECT $1, pg_catalog.unnest($2::pg_catalog.uuid[])"
 		" ON CONFLICT DO NOTHING RETURNING message_id",
-		2, {TEXTOID, UUIDARRAYOID}, PLAN_EACH_TIME
+		2, {TEXTOID, UUIDARRAYOID}, PLAN_ONCE
 	},
 	[STMT_HELD_KEYS] = {
 		"look for keys held back",
@@ -181,7 +189,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"                 WHERE r.subscription OPERATOR(pg_catalog.=) $1"
 		"                   AND r.topic OPERATOR(pg_catalog.=) k.topic"
 		"                   AND r.key OPERATOR(pg_catalog.=) k.key LIMIT 1) AS held",
-		3, {TEXTOID, TEXTARRAYOID, TEXTARRAYOID}, PLAN_EACH_TIME
+		3, {TEXTOID, TEXTARRAYOID, TEXTARRAYOID}, PLAN_ONCE
 	},
 	/* $11: the delay before the next attempt in ms, NULL to wait behind its key */
 	[STMT_ADD_RETRY] = {
@@ -196,14 +204,14 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"        CASE WHEN $11 IS NOT NULL THEN pg_catalog.clock_timestamp() END, $12, $13, $14)"
 		" RETURNING id",
 		14, {TEXTOID, OIDOID, TEXTOID, INT4OID, INT8OID, TEXTOID, JSONBOID, BYTEAOID, UUIDOID,
-		TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_EACH_TIME
+		TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_ONCE
 	},
 	[STMT_DUE_RETRIES] = {
 		"find the retries due",
 		"SELECT " RETRY_COLUMNS " FROM %1$s.inbox_retry r"
 		" WHERE subscription OPERATOR(pg_catalog.=) $1 AND " DUE_NOW
 		" ORDER BY next_attempt_at NULLS FIRST, id LIMIT $2",
-		2, {TEXTOID, INT4OID}, PLAN_EACH_TIME
+		2, {TEXTOID, INT4OID}, PLAN_ONCE
 	},
 	[STMT_NEXT_HELD] = {
 		"find the next message of a key",
@@ -211,12 +219,12 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		" WHERE subscription OPERATOR(pg_catalog.=) $1 AND topic OPERATOR(pg_catalog.=) $2"
 		"   AND key OPERATOR(pg_catalog.=) $3 AND id OPERATOR(pg_catalog.>) $4"
 		" ORDER BY id LIMIT 1",
-		4, {TEXTOID, TEXTOID, TEXTOID, INT8OID}, PLAN_EACH_TIME
+		4, {TEXTOID, TEXTOID, TEXTOID, INT8OID}, PLAN_ONCE
 	},
 	[STMT_DELETE_RETRY] = {
 		"delete a message applied from inbox_retry",
 		"DELETE FROM %1$s.inbox_retry WHERE id OPERATOR(pg_catalog.=) $1",
-		1, {INT8OID}, PLAN_EACH_TIME
+		1, {INT8OID}, PLAN_ONCE
 	},
 	[STMT_FAIL_RETRY] = {
 		"schedule a message's next attempt",
@@ -226,7 +234,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"           ($3::pg_catalog.float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),"
 		"       sqlstate = $4, error = $5, error_context = $6"
 		" WHERE id OPERATOR(pg_catalog.=) $1",
-		6, {INT8OID, INT4OID, INT8OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_EACH_TIME
+		6, {INT8OID, INT4OID, INT8OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_ONCE
 	},
 	[STMT_DEAD_LETTER] = {
 		"move a message to inbox_dead_letter",
@@ -236,7 +244,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"        sqlstate, error, error_context)"
 		" SELECT id, subscription, run_as, topic, \"partition\", \"offset\", key, headers, payload,"
 		"        message_id, \"timestamp\", $2, received_at, $3, $4, $5 FROM r",
-		5, {INT8OID, INT4OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_EACH_TIME
+		5, {INT8OID, INT4OID, TEXTOID, TEXTOID, TEXTOID}, PLAN_ONCE
 	},
 	[STMT_NEXT_RETRY] = {
 		"find the next retry",
@@ -248,7 +256,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"                  OPERATOR(pg_catalog.*) 1000::pg_catalog.numeric)::pg_catalog.int8 END"
 		"  FROM %1$s.inbox_retry"
 		" WHERE subscription OPERATOR(pg_catalog.=) $1 AND next_attempt_at IS NOT NULL",
-		1, {TEXTOID}, PLAN_EACH_TIME
+		1, {TEXTOID}, PLAN_ONCE
 	},
 	[STMT_FORGET_IDS] = {
 		"forget old message ids",
