@@ -114,7 +114,7 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B9")
+PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9")
 # B8 and B9 measure the inbox (schema 0.5.0): inbox_subscribe() makes a
 # worker in the database read Kafka topics and call a handler for each
 # message in the transaction that records it as consumed.  Its handlers here
@@ -1245,9 +1245,10 @@ class Bench:
 
     # B3BG --------------------------------------------------------------------
 
-    def b3bg(self):
-        """B3's loads, ours, the tuned poller's and the floor's, each inside
-        background(), with bg_account filled and the settings it needs."""
+    @contextlib.contextmanager
+    def background_prepared(self):
+        """What background() needs: bg_account filled, and the settings of
+        B3BG applied, until the end of the with block."""
         self.db.run("TRUNCATE bg_account")
         self.db.run("INSERT INTO bg_account SELECT i, 0, repeat('x', 100)"
                     f" FROM generate_series(1, {B3BG['rows']}) i")
@@ -1258,10 +1259,19 @@ class Bench:
         settings = {"checkpoint_timeout": f"{B3BG['checkpoint_timeout']}s",
                     "autovacuum_naptime": f"{B3BG['autovacuum_naptime']}s"}
         configured = {name: self.db.value("SELECT current_setting(%s)", (name,)) for name in settings}
-        result = {rate: {} for rate in B3_RATES}
         try:
             for name, value in settings.items():
                 self.reload_setting(name, value)
+            yield
+        finally:
+            for name in settings:
+                self.reload_setting(name, None, configured[name])
+
+    def b3bg(self):
+        """B3's loads, ours, the tuned poller's and the floor's, each inside
+        background()."""
+        result = {rate: {} for rate in B3_RATES}
+        with self.background_prepared():
             self.clean()
             for rate in B3_RATES:
                 for peer in B3BG_PEERS:
@@ -1272,9 +1282,6 @@ class Bench:
                     progress(f"B3BG {peer} at {rate}/s: p99 %(checkpoint_p99).1f ms in the"
                              f" {B3BG['after_checkpoint']} s after the checkpoint began,"
                              " %(other_p99).1f ms otherwise" % run)
-        finally:
-            for name in settings:
-                self.reload_setting(name, None, configured[name])
         self.results["b3bg"] = result
 
     @staticmethod
@@ -1291,8 +1298,8 @@ class Bench:
                 "other_p99": (percentiles(other) or {}).get("p99", math.nan)}
 
     @contextlib.contextmanager
-    def background(self):
-        """B3BG: around one measured load (WARMUP + b3_seconds), the updates of
+    def background(self, load_seconds=None):
+        """B3BG: around one measured load (WARMUP + b3_seconds, or load_seconds), the updates of
         bg_account, begun B3BG["lead"] s before it and ended B3BG["lag"] s
         after, and a timed checkpoint that begins in its middle: a CHECKPOINT
         restarts checkpoint_timeout's timer, then the load waits.  Yields a
@@ -1300,7 +1307,7 @@ class Bench:
         BACKGROUND_ACTIVITY counters counted from the load's start to its end,
         and when the timed checkpoint was due to begin, epoch ms (the
         checkpointer counts in whole seconds: within a second of it)."""
-        load_seconds = WARMUP + self.size["b3_seconds"]
+        load_seconds = load_seconds or WARMUP + self.size["b3_seconds"]
         self.db.run("CHECKPOINT")
         timer = time.monotonic()
         checkpoint_began = (time.time() + B3BG["checkpoint_timeout"]) * 1000
@@ -1803,21 +1810,31 @@ class Bench:
 
     # B8 ----------------------------------------------------------------------
 
-    def b8(self):
+    def b8(self, part="B8"):
+        """B8, or with part "B8BG" each path's load inside B3BG's background()."""
         if not self.args.more_databases:
-            raise Broken("B8: no other database (--more-databases)")
+            raise Broken(f"{part}: no other database (--more-databases)")
         b = Database(psycopg2.extensions.make_dsn(self.args.dsn, dbname=self.args.more_databases[0]))
-        result = {"a": self.db.name, "b": b.name, "seconds": self.size["b8_seconds"]}
-        for peer in B8_PEERS:
-            if peer == "ours" and not Inbox(b).present():
-                progress(f"B8 ours: skipped: {INBOX['missing']} (in {b.name})")
-                result[peer] = None
-                continue
-            self.clean()
-            b.run("VACUUM ANALYZE outbox_message")
-            result[peer] = self.b8_run(peer, b)
-        self.results["b8"] = result
+        result = {"a": self.db.name, "b": b.name, "seconds": self.size["b8_seconds"], "part": part}
+        prepared = self.background_prepared() if part == "B8BG" else contextlib.nullcontext()
+        with prepared:
+            for peer in B8_PEERS:
+                if peer == "ours" and not Inbox(b).present():
+                    progress(f"{part} ours: skipped: {INBOX['missing']} (in {b.name})")
+                    result[peer] = None
+                    continue
+                self.clean()
+                b.run("VACUUM ANALYZE outbox_message")
+                around = (self.background(B8["warmup"] + self.size["b8_seconds"]) if part == "B8BG"
+                          else contextlib.nullcontext({}))
+                with around as activity:
+                    result[peer] = self.b8_run(peer, b)
+                result[peer]["background"] = activity
+        self.results[part.lower()] = result
         self.clean()
+
+    def b8bg(self):
+        self.b8("B8BG")
 
     def b8_run(self, peer, b):
         """B3's load at B8["rate"] into A, published by our worker or the
@@ -1886,9 +1903,12 @@ class Bench:
         return result
 
     def b8_report(self, b8):
-        out = ["", f"B8 end to end: pgbench -R {B8['rate']:,} msg/s (B3's script, one message per transaction)"
+        part = b8.get("part", "B8")
+        under = (" under B3BG's background activity (updates of bg_account, autovacuum, a timed checkpoint"
+                 " in the middle of each path's load)" if part == "B8BG" else "")
+        out = ["", f"{part} end to end: pgbench -R {B8['rate']:,} msg/s (B3's script, one message per transaction)"
                    f" into {b8['a']}, published to Kafka, applied in {b8['b']} by a handler inserting a row;"
-                   f" {b8['seconds']} s after {B8['warmup']} s of warm-up"]
+                   f" {b8['seconds']} s after {B8['warmup']} s of warm-up{under}"]
         rows = [("path", "committed msg/s", "applied", "visible p50 ms", "p99", "max", "handler p50 ms", "p99",
                  "max", "to Kafka p50 ms", "p99", "CPU, cores", "CPU pressure %", "target")]
         for peer, label in (("ours", "ours: outbox worker, inbox"),
@@ -2022,9 +2042,9 @@ class Bench:
         b7 = self.results.get("b7")
         if b7:
             out += self.b7_report(b7, self.size["b3_seconds"])
-        b8 = self.results.get("b8")
-        if b8:
-            out += self.b8_report(b8)
+        for part in ("b8", "b8bg"):
+            if self.results.get(part):
+                out += self.b8_report(self.results[part])
         b9 = self.results.get("b9")
         if b9 and b9["peer"]:
             out += self.b9_report(b9)
@@ -2246,7 +2266,8 @@ def main():
             "B3BG": ("B3BG latency under background activity", bench.b3bg),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7),
-            "B8": ("B8 end to end", bench.b8), "B9": ("B9 consume", bench.b9)}
+            "B8": ("B8 end to end", bench.b8), "B8BG": ("B8BG end to end under background activity", bench.b8bg),
+            "B9": ("B9 consume", bench.b9)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:
