@@ -1828,7 +1828,7 @@ class Bench:
                 around = (self.background(B8["warmup"] + self.size["b8_seconds"]) if part == "B8BG"
                           else contextlib.nullcontext({}))
                 with around as activity:
-                    result[peer] = self.b8_run(peer, b)
+                    result[peer] = self.b8_run(peer, b, part)
                 result[peer]["background"] = activity
         self.results[part.lower()] = result
         self.clean()
@@ -1836,10 +1836,11 @@ class Bench:
     def b8bg(self):
         self.b8("B8BG")
 
-    def b8_run(self, peer, b):
+    def b8_run(self, peer, b, part="B8"):
         """B3's load at B8["rate"] into A, published by our worker or the
-        tuned poller, applied into B by our inbox or peers.py consume."""
-        topic, table, name = f"bench.b8.{peer}", f"b8_{peer}", "b8"
+        tuned poller, applied into B by our inbox or peers.py consume; a
+        topic of each part's own, as the subscription reads from its start."""
+        topic, table, name = f"bench.{part.lower()}.{peer}", f"b8_{peer}", "b8"
         seconds, warmup = self.size["b8_seconds"], B8["warmup"]
         inbox, running = Inbox(b), []
         if peer == "ours":
@@ -2259,7 +2260,7 @@ def main():
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
                               + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES]
-                              + [f"bench.b8.{p}" for p in B8_PEERS] + [B9["topic"]])
+                              + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"]])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
             "B1R": ("B1R enqueue at fixed rates", bench.b1r),
             "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
