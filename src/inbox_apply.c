@@ -42,6 +42,7 @@
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "port/pg_bswap.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -745,12 +746,31 @@ headers_jsonb(const InboxMessage *m, bool *isnull)
 	return JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL)));
 }
 
-static void
-message_row(const InboxSubscription *s, const InboxMessage *m, MessageRow *row)
+/*
+ * The text datums of a batch's subscription name and of its last topic,
+ * made once rather than for every message (the consumer gives the messages
+ * of one topic the same string).
+ */
+typedef struct RowTexts
 {
+	Datum		subscription;
+	const char *topic;
+	Datum		topic_text;
+} RowTexts;
+
+static void
+message_row(const InboxSubscription *s, const InboxMessage *m, MessageRow *row, RowTexts *texts)
+{
+	if (texts->subscription == (Datum) 0)
+		texts->subscription = CStringGetTextDatum(s->name);
+	if (texts->topic != m->topic)
+	{
+		texts->topic = m->topic;
+		texts->topic_text = CStringGetTextDatum(m->topic);
+	}
 	memset(row->nulls, 0, sizeof(row->nulls));
-	row->values[COL_SUBSCRIPTION] = CStringGetTextDatum(s->name);
-	row->values[COL_TOPIC] = CStringGetTextDatum(m->topic);
+	row->values[COL_SUBSCRIPTION] = texts->subscription;
+	row->values[COL_TOPIC] = texts->topic_text;
 	row->values[COL_PARTITION] = Int32GetDatum(m->partition);
 	row->values[COL_OFFSET] = Int64GetDatum(m->offset);
 	row->nulls[COL_KEY] = m->key == NULL;
@@ -783,6 +803,7 @@ typedef struct BatchState
 	MessageRow *rows;
 	MessageFate *fates;
 	HandlerError *errors;
+	RowTexts	texts;
 	bool		keys_may_be_held;	/* inbox_retry may hold messages */
 	int			guarded_from;	/* a subtransaction for each message from here */
 	volatile int calling;		/* the message whose handler runs unguarded, or -1 */
@@ -797,7 +818,20 @@ typedef struct BatchState
 static int
 compare_ids(const void *a, const void *b)
 {
-	return memcmp(DatumGetUUIDP(*(const Datum *) a), DatumGetUUIDP(*(const Datum *) b), UUID_LEN);
+	const unsigned char *x = DatumGetUUIDP(*(const Datum *) a)->data;
+	const unsigned char *y = DatumGetUUIDP(*(const Datum *) b)->data;
+	uint64		x_high;
+	uint64		y_high;
+
+	memcpy(&x_high, x, sizeof(x_high));
+	memcpy(&y_high, y, sizeof(y_high));
+	x_high = pg_ntoh64(x_high);
+	y_high = pg_ntoh64(y_high);
+
+	/* the first 8 bytes, as one big-endian number, nearly always decide */
+	if (x_high != y_high)
+		return x_high < y_high ? -1 : 1;
+	return memcmp(x + 8, y + 8, UUID_LEN - 8);
 }
 
 static void
@@ -932,7 +966,7 @@ call_handlers(BatchState *st, Handler *h)
 	{
 		if (st->fates[i] != FATE_APPLIED)
 			continue;
-		message_row(st->subscription, &st->batch->messages[i], &st->rows[i]);
+		message_row(st->subscription, &st->batch->messages[i], &st->rows[i], &st->texts);
 		if (i < st->guarded_from)
 		{
 			st->calling = i;
@@ -984,7 +1018,7 @@ add_retry(BatchState *st, int i)
 	int64		retry_id;
 
 	if (!failed)
-		message_row(s, &st->batch->messages[i], row);
+		message_row(s, &st->batch->messages[i], row, &st->texts);
 	memset(nulls, ' ', sizeof(nulls));
 	args[0] = row->values[COL_SUBSCRIPTION];
 	args[1] = ObjectIdGetDatum(s->run_as);
@@ -1097,6 +1131,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 	for (int i = 0; i < st->batch->count; i++)
 		st->fates[i] = FATE_APPLIED;
 	st->calling = -1;
+	memset(&st->texts, 0, sizeof(st->texts));	/* made in the transaction's memory */
 	PG_TRY();
 	{
 		Handler		h;

@@ -139,14 +139,32 @@ read_headers(WireReader *r, InboxMessage *m)
 	}
 }
 
+/*
+ * A message's topic: the previous message's, if it is the same (a batch
+ * holds a few topics, most often one), so that the batch keeps one copy of
+ * each and the worker can tell them apart by pointer.
+ */
+static char *
+read_message_topic(WireReader *r, const InboxMessage *previous)
+{
+	int32		len;
+	const char *s = wire_string(r, &len);
+
+	if (s == NULL)
+		return pstrdup("");
+	if (previous && strlen(previous->topic) == (size_t) len && memcmp(previous->topic, s, len) == 0)
+		return previous->topic;
+	return pnstrdup(s, len);
+}
+
 static void
-read_message(WireReader *r, InboxMessage *m)
+read_message(WireReader *r, InboxMessage *m, const InboxMessage *previous)
 {
 	int32		len;
 	const char *bytes;
 
 	memset(m, 0, sizeof(*m));
-	m->topic = read_topic(r);
+	m->topic = read_message_topic(r, previous);
 	m->partition = wire_i32(r);
 	m->offset = wire_i64(r);
 	m->timestamp_ms = wire_i64(r);
@@ -172,7 +190,7 @@ handle_messages(InboxConsumer *c, WireReader *r)
 	b->count = wire_u32(r);
 	b->messages = palloc(sizeof(InboxMessage) * Max(b->count, 1));
 	for (int i = 0; i < b->count && !r->failed; i++)
-		read_message(r, &b->messages[i]);
+		read_message(r, &b->messages[i], i > 0 ? &b->messages[i - 1] : NULL);
 	b->watermark_count = wire_u32(r);
 	b->watermarks = palloc(sizeof(PartitionWatermark) * Max(b->watermark_count, 1));
 	for (int i = 0; i < b->watermark_count && !r->failed; i++)
