@@ -263,8 +263,12 @@ SELECT o.subscription,
        w.state       AS worker_state,
        w.last_error  AS worker_last_error
 FROM inbox_offset o
-LEFT JOIN retry r USING (subscription, topic, "partition")
-LEFT JOIN dead d USING (subscription, topic, "partition")
+LEFT JOIN retry r ON r.subscription OPERATOR(pg_catalog.=) o.subscription
+                 AND r.topic OPERATOR(pg_catalog.=) o.topic
+                 AND r."partition" OPERATOR(pg_catalog.=) o."partition"
+LEFT JOIN dead d ON d.subscription OPERATOR(pg_catalog.=) o.subscription
+                AND d.topic OPERATOR(pg_catalog.=) o.topic
+                AND d."partition" OPERATOR(pg_catalog.=) o."partition"
 LEFT JOIN inbox_worker_status() w ON true
 ORDER BY 1, 2, 3;
 

@@ -617,8 +617,7 @@ Datum
 outbox_uuid_v7(PG_FUNCTION_ARGS)
 {
 	pg_uuid_t  *uuid = palloc(sizeof(pg_uuid_t));
-	uint64		ms = (uint64) ((GetCurrentTimestamp() +
-								(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY) / 1000);
+	uint64		ms = (uint64) unix_epoch_ms(GetCurrentTimestamp());
 
 	if (!pg_strong_random(uuid->data + 6, UUID_LEN - 6))
 		ereport(ERROR,

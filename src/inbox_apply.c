@@ -60,6 +60,7 @@
 #include "utils/typcache.h"
 
 #include "inbox.h"
+#include "message.h"
 #include "settings.h"
 #include "statements.h"
 #include "worker_slot.h"
@@ -334,19 +335,9 @@ text_array(char **strings, int count)
 
 	for (int i = 0; i < count; i++)
 		elems[i] = CStringGetTextDatum(strings[i]);
-	return PointerGetDatum(construct_array(elems, count, TEXTOID, -1, false, TYPALIGN_INT));
+	return statement_array(elems, count, TEXTOID);
 }
 
-static Datum
-int_array(Datum *elems, int count, Oid type)
-{
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-
-	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
-	return PointerGetDatum(construct_array(elems, count, type, typlen, typbyval, typalign));
-}
 
 static char *
 column_text(HeapTuple tuple, TupleDesc desc, int column)
@@ -405,7 +396,7 @@ static Oid
 inbox_namespace(void)
 {
 	Oid			extension = InvalidOid;
-	Oid			namespace = extension_namespace(&extension);
+	Oid			namespace = extension_namespace(&extension, NULL);
 
 	if (OidIsValid(namespace) && OidIsValid(get_relname_relid("inbox_subscription", namespace)))
 		return namespace;
@@ -545,9 +536,9 @@ position_arrays(List *positions, Datum *args)
 		i++;
 	}
 	args[1] = text_array(topics, count);
-	args[2] = int_array(partitions, count, INT4OID);
-	args[3] = int_array(offsets, count, INT8OID);
-	args[4] = int_array(watermarks, count, INT8OID);
+	args[2] = statement_array(partitions, count, INT4OID);
+	args[3] = statement_array(offsets, count, INT8OID);
+	args[4] = statement_array(watermarks, count, INT8OID);
 }
 
 /*
@@ -575,7 +566,8 @@ inbox_record_positions(const InboxSubscription *s, List *positions)
 
 /*
  * Get the subscription's handler ready to be called, or say why it cannot
- * be: it was dropped, or its role became a superuser.
+ * be: it was dropped, or its role was, became a superuser or lost EXECUTE
+ * on it (the direct call below checks no privilege).
  */
 static bool
 handler_open(Handler *h, const InboxSubscription *s, char **why)
@@ -645,10 +637,13 @@ handler_call(Handler *h, MessageRow *row)
 	LOCAL_FCINFO(fcinfo, 1);
 	HeapTuple	tuple = heap_form_tuple(h->desc, row->values, row->nulls);
 
+	/* the handler may change statement_timeout: disarm what was armed */
+	bool		timed = StatementTimeout > 0;
+
 	InitFunctionCallInfoData(*fcinfo, &h->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = HeapTupleGetDatum(tuple);
 	fcinfo->args[0].isnull = false;
-	if (StatementTimeout > 0)
+	if (timed)
 		enable_timeout_after(STATEMENT_TIMEOUT, StatementTimeout);
 	PG_TRY();
 	{
@@ -656,7 +651,7 @@ handler_call(Handler *h, MessageRow *row)
 	}
 	PG_FINALLY();
 	{
-		if (StatementTimeout > 0)
+		if (timed)
 			disable_timeout(STATEMENT_TIMEOUT, false);
 	}
 	PG_END_TRY();
@@ -702,13 +697,6 @@ handler_call_guarded(Handler *h, MessageRow *row, HandlerError *error)
 /*
  * A message's columns.
  */
-
-/* A Kafka timestamp (ms since the Unix epoch) as a timestamptz. */
-static TimestampTz
-kafka_timestamp(int64 ms)
-{
-	return ms * 1000 - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
-}
 
 /* A string as a jsonb value. */
 static JsonbValue *
@@ -788,7 +776,7 @@ message_row(const InboxSubscription *s, const InboxMessage *m, MessageRow *row, 
 	row->nulls[COL_MESSAGE_ID] = !m->has_message_id;
 	row->values[COL_MESSAGE_ID] = m->has_message_id ? UUIDPGetDatum(&m->message_id) : (Datum) 0;
 	row->nulls[COL_TIMESTAMP] = m->timestamp_ms < 0;
-	row->values[COL_TIMESTAMP] = TimestampTzGetDatum(kafka_timestamp(m->timestamp_ms));
+	row->values[COL_TIMESTAMP] = TimestampTzGetDatum(timestamptz_of_unix_epoch_ms(m->timestamp_ms));
 }
 
 /*
@@ -877,7 +865,7 @@ record_received(BatchState *st)
 		return;
 	qsort(ids, count, sizeof(Datum), compare_ids);
 	args[0] = CStringGetTextDatum(st->subscription->name);
-	args[1] = int_array(ids, count, UUIDOID);
+	args[1] = statement_array(ids, count, UUIDOID);
 	if (insert_if_all_new(args))
 		return;
 	run(STMT_ADD_RECEIVED, args, NULL, SPI_OK_INSERT_RETURNING);

@@ -25,6 +25,7 @@
 #include "utils/timestamp.h"
 
 #include "inbox_consumer.h"
+#include "message.h"
 #include "kafka_link.h"
 #include "worker_slot.h"
 
@@ -50,13 +51,6 @@ struct InboxConsumer
 	List	   *assigned;		/* PartitionPositions ASSIGNED, not yet taken */
 	bool		gone;
 };
-
-/* The milliseconds since the Unix epoch of a timestamptz, as Kafka stamps messages. */
-static int64
-unix_epoch_ms(TimestampTz t)
-{
-	return (t + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY) / 1000;
-}
 
 /* Bytes from Kafka as text of the database's encoding; see the header comment. */
 static char *

@@ -16,16 +16,11 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
 #include "access/htup_details.h"
-#include "access/table.h"
 #include "access/xact.h"
-#include "catalog/indexing.h"
 #include "catalog/namespace.h"
-#include "catalog/pg_extension.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -33,13 +28,13 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
 #include "enqueue.h"
+#include "statements.h"
 #include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);
@@ -112,42 +107,20 @@ tell_inbox_at_commit_of_this_transaction(void)
 }
 
 /*
- * The extension, as each function finds it from its own oid: its schema
- * (also quoted, for statements) and its owner.
+ * The extension, as each function finds it: its schema (also quoted, for
+ * statements) and its owner.
  */
 static Oid	extension_schema = InvalidOid;
 static const char *extension_schema_quoted = NULL;
 static Oid	extension_owner = InvalidOid;
 
-/* The role that owns the extension, and so its tables. */
-static Oid
-read_extension_owner(void)
-{
-	Oid			extension = get_extension_oid("outbox", false);
-	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tuple;
-	Oid			owner;
-
-	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(extension));
-	scan = systable_beginscan(rel, ExtensionOidIndexId, true, NULL, 1, &key);
-	tuple = systable_getnext(scan);
-	if (!HeapTupleIsValid(tuple))
-		elog(ERROR, "outbox: extension %u has no catalog row", extension);
-	owner = ((Form_pg_extension) GETSTRUCT(tuple))->extowner;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return owner;
-}
-
 static void
-find_extension(FunctionCallInfo fcinfo)
+find_extension(void)
 {
-	extension_schema = get_func_namespace(fcinfo->flinfo->fn_oid);
+	Oid			extension;
+
+	extension_schema = extension_namespace(&extension, &extension_owner);
 	extension_schema_quoted = quote_identifier(get_namespace_name(extension_schema));
-	extension_owner = read_extension_owner();
 }
 
 /*
@@ -313,7 +286,7 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("inbox_subscribe: argument %d must not be NULL", arg + 1)));
-	find_extension(fcinfo);
+	find_extension();
 	name = PG_GETARG_TEXT_PP(ARG_NAME);
 	handler = PG_GETARG_OID(ARG_HANDLER);
 	run_as = PG_ARGISNULL(ARG_RUN_AS) ? GetUserId() : PG_GETARG_OID(ARG_RUN_AS);
@@ -402,7 +375,7 @@ inbox_unsubscribe(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("inbox subscription name must not be NULL")));
-	find_extension(fcinfo);
+	find_extension();
 	name = PG_GETARG_TEXT_PP(0);
 	values[0] = PointerGetDatum(name);
 
@@ -446,7 +419,7 @@ inbox_requeue(PG_FUNCTION_ARGS)
 	bool		isnull = true;
 	Datum		requeued = (Datum) 0;
 
-	find_extension(fcinfo);
+	find_extension();
 	SPI_connect();
 	if (OidIsValid(dead_letter_role(values[0], "requeue")))
 	{
@@ -487,7 +460,7 @@ inbox_discard(PG_FUNCTION_ARGS)
 	Datum		values[1] = {PG_GETARG_DATUM(0)};
 	bool		existed = false;
 
-	find_extension(fcinfo);
+	find_extension();
 	SPI_connect();
 	if (OidIsValid(dead_letter_role(values[0], "discard")))
 	{

@@ -68,7 +68,7 @@ extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 /* A subscription and what the worker runs for it. */
 typedef struct Subscriber
 {
-	MemoryContext context;		/* the subscription's copy, and its batches */
+	MemoryContext context;		/* the subscription's copy */
 	InboxSubscription *subscription;
 	InboxConsumer *consumer;	/* NULL while none runs */
 	TimestampTz start_after;	/* no consumer starts before then */

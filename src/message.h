@@ -13,9 +13,28 @@
 #define OUTBOX_MESSAGE_H
 
 #include "common/hashfn.h"
+#include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
 #include "kafka_wire.h"
+
+/*
+ * A Kafka record's timestamp, milliseconds since the Unix epoch, from and to
+ * a timestamptz.
+ */
+#define USECS_PER_MSEC 1000
+
+static inline int64
+unix_epoch_ms(TimestampTz t)
+{
+	return (t + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY) / USECS_PER_MSEC;
+}
+
+static inline TimestampTz
+timestamptz_of_unix_epoch_ms(int64 ms)
+{
+	return ms * USECS_PER_MSEC - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+}
 
 /*
  * The header every record carries: the row's message_id, for consumers to

@@ -18,6 +18,7 @@
 #include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "storage/lmgr.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -26,9 +27,12 @@
 
 #include "statements.h"
 
-/* The schema the outbox extension is created in, or InvalidOid; and its oid. */
+/*
+ * The schema the outbox extension is created in, or InvalidOid; and its oid
+ * and, if owner is not NULL, the role that owns it (and so its tables).
+ */
 Oid
-extension_namespace(Oid *extension)
+extension_namespace(Oid *extension, Oid *owner)
 {
 	Relation	rel;
 	ScanKeyData key;
@@ -45,6 +49,8 @@ extension_namespace(Oid *extension)
 	{
 		namespace = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
 		*extension = ((Form_pg_extension) GETSTRUCT(tuple))->oid;
+		if (owner)
+			*owner = ((Form_pg_extension) GETSTRUCT(tuple))->extowner;
 	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
@@ -75,7 +81,7 @@ Oid
 statements_find_extension(StatementSet *set)
 {
 	Oid			extension = InvalidOid;
-	Oid			namespace = extension_namespace(&extension);
+	Oid			namespace = extension_namespace(&extension, NULL);
 	const char *schema;
 
 	if (OidIsValid(namespace))
@@ -84,7 +90,7 @@ statements_find_extension(StatementSet *set)
 
 		/* it may have gone while we waited for the lock: look again */
 		LockDatabaseObject(ExtensionRelationId, locked, 0, AccessShareLock);
-		namespace = extension_namespace(&extension);
+		namespace = extension_namespace(&extension, NULL);
 		if (extension != locked)
 			namespace = InvalidOid;
 	}
@@ -132,6 +138,18 @@ statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls, int e
 		elog(ERROR, "outbox: worker statement \"%s\" failed: %s",
 			 set->defs[stmt].name, SPI_result_code_string(rc));
 	return (int) SPI_processed;
+}
+
+/* An array of these elements of this type, as a statement's parameter. */
+Datum
+statement_array(Datum *elements, int count, Oid type)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
 }
 
 /*

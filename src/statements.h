@@ -40,11 +40,12 @@ typedef struct StatementSet
 	Oid			extension;
 } StatementSet;
 
-extern Oid	extension_namespace(Oid *extension);
+extern Oid	extension_namespace(Oid *extension, Oid *owner);
 extern Oid	statements_find_extension(StatementSet *set);
 extern void statements_forget(StatementSet *set);
 extern int	statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls,
 						  int expected);
+extern Datum statement_array(Datum *elements, int count, Oid type);
 extern ErrorData *run_in_subtransaction(void (*run) (void *arg), void *arg);
 
 #endif							/* OUTBOX_STATEMENTS_H */

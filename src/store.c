@@ -303,26 +303,6 @@ run(StoreStatement stmt, Datum *args, int expected)
 	(void) statement_run(&statements, stmt, args, NULL, expected);
 }
 
-static Datum
-make_array(Datum *elements, int count, Oid type)
-{
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-
-	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
-	return PointerGetDatum(construct_array(elements, count, type, typlen, typbyval, typalign));
-}
-
-#define USECS_PER_MSEC 1000
-
-/* Milliseconds since the Unix epoch, as Kafka takes a record's timestamp. */
-static int64
-unix_epoch_ms(TimestampTz t)
-{
-	return (t + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY) /
-		USECS_PER_MSEC;
-}
 
 /* Copy one row of the claim's result into m, in the current memory context. */
 static void
@@ -516,7 +496,7 @@ gaps_array(const OutboxMessage *in_flight, int count)
 		else
 			gaps[ngaps++] = Int64GetDatum(id);
 	}
-	return make_array(gaps, ngaps, INT8OID);
+	return statement_array(gaps, ngaps, INT8OID);
 }
 
 /* The ids in flight, as an array. */
@@ -527,7 +507,7 @@ ids_array(const OutboxMessage *in_flight, int count)
 
 	for (int i = 0; i < count; i++)
 		ids[i] = Int64GetDatum(in_flight[i].id);
-	return make_array(ids, count, INT8OID);
+	return statement_array(ids, count, INT8OID);
 }
 
 /* The mean bytes of the messages in flight, or 0 with none. */
@@ -761,7 +741,7 @@ run_for_messages(StoreStatement stmt, const MessageColumn *columns, const char *
 
 		for (int i = 0; i < count; i++)
 			values[i] = columns[arg] (messages[i], reason);
-		args[arg] = make_array(values, count, get_element_type(def->argtypes[arg]));
+		args[arg] = statement_array(values, count, get_element_type(def->argtypes[arg]));
 	}
 	run(stmt, args, expected);
 }
@@ -805,7 +785,7 @@ delete_delivered(OutboxMessage **messages, int count)
 
 			for (int j = first; j < i; j++)
 				ids[j - first] = id_of(messages[j], NULL);
-			args[0] = make_array(ids, i - first, INT8OID);
+			args[0] = statement_array(ids, i - first, INT8OID);
 			args[1] = Int64GetDatum(low);
 			args[2] = Int64GetDatum(high);
 			run(STMT_DELETE_SENT, args, SPI_OK_DELETE);

@@ -968,23 +968,6 @@ inbox_want_worker(Oid database)
 	LWLockRelease(shared->launcher_lock);
 }
 
-/* Wake this database's inbox worker, if one runs (a dead letter requeued...). */
-void
-inbox_wake_worker(Oid database)
-{
-	OutboxWorkerSlot *slot = slot_of_database(database);
-	Latch	   *latch = NULL;
-
-	if (slot == NULL)
-		return;
-	SpinLockAcquire(&slot->mutex);
-	if (slot->database == database)
-		latch = slot->inbox.latch;
-	SpinLockRelease(&slot->mutex);
-	if (latch)
-		SetLatch(latch);
-}
-
 /* Copy the inbox part of this database's slot; false if no slot serves it. */
 bool
 inbox_read(Oid database, InboxStatus *status)

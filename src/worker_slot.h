@@ -118,7 +118,6 @@ extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_request_fatal_error_drill(void);
 extern void inbox_want_worker(Oid database);
-extern void inbox_wake_worker(Oid database);
 extern bool inbox_read(Oid database, InboxStatus *status);
 extern const char *inbox_state_name(InboxWorkerState state);
 extern void launcher_read(LauncherStatus *status);
