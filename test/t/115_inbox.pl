@@ -52,6 +52,12 @@ $node->safe_psql('coupons', q{
 	    IF m.key = 'slow' THEN
 	        PERFORM pg_sleep(3);
 	    END IF;
+	    IF m.key = 'escalate' THEN
+	        CREATE TEMP TABLE escalate (x int);
+	    END IF;
+	    IF m.key = 'setter' THEN
+	        PERFORM set_config('application_name', 'set by a handler', false);
+	    END IF;
 	    INSERT INTO coupon (message_id, topic, part, off, key, user_id, headers, ts, applied_by)
 	    VALUES (m.message_id, m.topic, m.partition, m.offset, m.key,
 	            ((m).payload_jsonb ->> 'user_id')::int, m.headers, m.timestamp, current_user);
@@ -210,6 +216,25 @@ ok(wait_for_query($node, q{SELECT sqlstate || ' ' || attempts FROM inbox_dead_le
 	'a handler that runs longer than statement_timeout is cancelled (57014) at each attempt');
 my $slow = $node->safe_psql('coupons', q{SELECT id FROM inbox_dead_letter WHERE key = 'slow'});
 $node->safe_psql('coupons', "SET ROLE coupon_svc; SELECT inbox_discard($slow)");
+
+# The handler runs in a security-restricted operation (no temporary
+# objects, which would outlive it in the worker's session, no SET ROLE),
+# and what it sets, even for the session, is put back.
+$node->safe_psql('postgres', qq{
+	SELECT outbox_enqueue('$topic', '{"user_id": 5000}'::jsonb, 'escalate'),
+	       outbox_enqueue('$topic', '{"user_id": 5001}'::jsonb, 'setter')});
+ok(wait_for_query($node, q{SELECT count(*) FROM inbox_dead_letter WHERE key = 'escalate'}, '1', 60, 'coupons'),
+	'a handler that creates a temporary table fails');
+like($node->safe_psql('coupons', q{SELECT sqlstate || ' ' || error FROM inbox_dead_letter WHERE key = 'escalate'}),
+	qr/^42501 cannot create temporary table within security-restricted operation/,
+	'because it runs in a security-restricted operation');
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 5001', '1', 30, 'coupons'),
+	'a handler that sets a setting for the session is applied');
+is($node->safe_psql('coupons',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox inbox' AND application_name = 'set by a handler'"),
+	'0', 'and the setting does not outlive the handler in the inbox worker');
+my $escalate = $node->safe_psql('coupons', q{SELECT id FROM inbox_dead_letter WHERE key = 'escalate'});
+$node->safe_psql('coupons', "SET ROLE coupon_svc; SELECT inbox_discard($escalate)");
 
 # Each subscription's role sees its own dead letters only.
 $node->safe_psql('coupons', q{
