@@ -55,6 +55,9 @@ $node->safe_psql('coupons', q{
 	    IF m.key = 'escalate' THEN
 	        CREATE TEMP TABLE escalate (x int);
 	    END IF;
+	    IF m.key = 'untimed' THEN
+	        PERFORM set_config('statement_timeout', '0', false);
+	    END IF;
 	    IF m.key = 'setter' THEN
 	        PERFORM set_config('application_name', 'set by a handler', false);
 	    END IF;
@@ -216,6 +219,20 @@ ok(wait_for_query($node, q{SELECT sqlstate || ' ' || attempts FROM inbox_dead_le
 	'a handler that runs longer than statement_timeout is cancelled (57014) at each attempt');
 my $slow = $node->safe_psql('coupons', q{SELECT id FROM inbox_dead_letter WHERE key = 'slow'});
 $node->safe_psql('coupons', "SET ROLE coupon_svc; SELECT inbox_discard($slow)");
+
+# A handler that turns statement_timeout off: the timer armed for its call
+# is disarmed all the same, not left to cancel the worker's own work a
+# second later (statement_timeout is 1 s: by 2 s it would have).
+my $inbox_pid = $node->safe_psql('coupons', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox'");
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$topic', '{"user_id": 6000}'::jsonb, 'untimed')});
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 6000', '1', 30, 'coupons'),
+	'a handler that turns statement_timeout off is applied');
+sleep(2);
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$topic', '{"user_id": 6001}'::jsonb, 'after-untimed')});
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 6001', '1', 30, 'coupons'),
+	'and the next message is applied');
+is($node->safe_psql('coupons', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox'"),
+	$inbox_pid, 'by the same inbox worker: no timer left armed cancelled it');
 
 # The handler runs in a security-restricted operation (no temporary
 # objects, which would outlive it in the worker's session, no SET ROLE),
