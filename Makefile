@@ -3,9 +3,10 @@
 
 EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
-	sql/outbox--0.4.0.sql sql/outbox--0.5.0.sql \
+	sql/outbox--0.4.0.sql sql/outbox--0.5.0.sql sql/outbox--0.6.0.sql \
 	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql \
-	sql/outbox--0.3.0--0.4.0.sql sql/outbox--0.4.0--0.5.0.sql
+	sql/outbox--0.3.0--0.4.0.sql sql/outbox--0.4.0--0.5.0.sql \
+	sql/outbox--0.5.0--0.6.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
@@ -28,6 +29,7 @@ OBJS = \
 	src/status.o \
 	src/settings.o \
 	src/standby_slots.o \
+	src/trace_context.o \
 	src/worker_slot.o
 
 # librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c

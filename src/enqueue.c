@@ -36,6 +36,7 @@
 #include "row_writer.h"
 #include "serving.h"
 #include "settings.h"
+#include "trace_context.h"
 #include "worker_slot.h"
 
 /*
@@ -60,15 +61,35 @@ static bool wake_worker_at_commit = false;
 /* The lowest id this transaction wrote, while wake_worker_at_commit is set. */
 static int64 lowest_id_written;
 
+/* When the first delayed message it wrote is due; DT_NOEND if it wrote none. */
+static TimestampTz earliest_delayed_due = DT_NOEND;
+
 /*
  * Set while outbox_enqueue() inserts the row it has checked and whose key it
  * has locked, so that the trigger does not do it all again.
  */
 static bool inserting_checked_row = false;
 
-/* The INSERT that outbox_enqueue() runs, prepared once per schema. */
+/*
+ * The INSERT that outbox_enqueue() runs, prepared once per schema; it sets
+ * the columns 0.6.0 added only on a table that has them.
+ */
 static SPIPlanPtr enqueue_plan = NULL;
 static Oid	enqueue_plan_namespace = InvalidOid;
+
+#define ENQUEUE_INSERT_ARGS 6
+
+/* outbox_enqueue()'s arguments, by position. */
+typedef enum EnqueueArg
+{
+	ARG_TOPIC,
+	ARG_PAYLOAD,
+	ARG_KEY,
+	ARG_HEADERS,
+	ARG_PARTITION,				/* from schema 0.6.0 on */
+	ARG_DELIVER_AFTER,
+	ARG_DELIVER_AT
+} EnqueueArg;
 
 static void note_row_written(int64 id);
 
@@ -244,8 +265,8 @@ check_headers(Jsonb *headers)
 static int64
 insert_through_spi(Oid namespace, const NewMessage *message)
 {
-	Datum		values[4];
-	char		nulls[4] = {' ', ' ', ' ', ' '};
+	Datum		values[ENQUEUE_INSERT_ARGS];
+	char		nulls[ENQUEUE_INSERT_ARGS] = {' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	int64		id;
 
@@ -254,14 +275,23 @@ insert_through_spi(Oid namespace, const NewMessage *message)
 
 	if (enqueue_plan == NULL || enqueue_plan_namespace != namespace)
 	{
-		Oid			argtypes[4] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID};
+		Oid			argtypes[ENQUEUE_INSERT_ARGS] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID, INT4OID, TIMESTAMPTZOID};
+		const char *schema = quote_identifier(get_namespace_name(namespace));
+		Oid			table = get_relname_relid("outbox_message", namespace);
 		char	   *sql;
 		SPIPlanPtr	plan;
 
-		sql = psprintf("INSERT INTO %s.outbox_message (topic, key, payload, headers) "
-					   "VALUES ($1, $2, $3, $4) RETURNING id",
-					   quote_identifier(get_namespace_name(namespace)));
-		plan = SPI_prepare(sql, 4, argtypes);
+		if (OidIsValid(table) && get_attnum(table, "target_partition") != InvalidAttrNumber)
+			sql = psprintf("INSERT INTO %s.outbox_message"
+						   " (topic, key, payload, headers, target_partition, state, next_attempt_at)"
+						   " VALUES ($1, $2, $3, $4, $5,"
+						   "         CASE WHEN $6 IS NULL THEN 'pending' ELSE 'retrying' END,"
+						   "         coalesce($6, pg_catalog.now()))"
+						   " RETURNING id", schema);
+		else
+			sql = psprintf("INSERT INTO %s.outbox_message (topic, key, payload, headers) "
+						   "VALUES ($1, $2, $3, $4) RETURNING id", schema);
+		plan = SPI_prepare(sql, ENQUEUE_INSERT_ARGS, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s",
 				 SPI_result_code_string(SPI_result));
@@ -276,8 +306,13 @@ insert_through_spi(Oid namespace, const NewMessage *message)
 	values[1] = PointerGetDatum(message->key);
 	nulls[1] = message->key ? ' ' : 'n';
 	values[2] = PointerGetDatum(message->payload);
+	nulls[2] = message->payload ? ' ' : 'n';
 	values[3] = PointerGetDatum(message->headers);
 	nulls[3] = message->headers ? ' ' : 'n';
+	values[4] = Int32GetDatum(message->target_partition);
+	nulls[4] = message->target_partition != ANY_PARTITION ? ' ' : 'n';
+	values[5] = TimestampTzGetDatum(message->deliver_at);
+	nulls[5] = message->deliver_at != 0 ? ' ' : 'n';
 
 	inserting_checked_row = true;
 	PG_TRY();
@@ -311,30 +346,97 @@ insert_message(Oid namespace, const NewMessage *message)
 		note_row_written(id);
 	else
 		id = insert_through_spi(namespace, message);
+	if (message->deliver_at != 0)
+		earliest_delayed_due = Min(earliest_delayed_due, message->deliver_at);
 	return id;
+}
+
+/*
+ * Check a message, add the trace context to its headers, lock its key and
+ * insert it into the outbox of this namespace; returns its id.  The one way
+ * in for outbox_enqueue() and for the rows outbox_capture() captures.
+ */
+int64
+enqueue_message(Oid namespace, NewMessage *message)
+{
+	check_kafka_topic("outbox", message->topic);
+	(void) check_headers(message->headers);
+	message->headers = trace_context_add_headers(message->headers);
+	check_record_size(message->payload ? VARSIZE_ANY_EXHDR(message->payload) : 0, message->key,
+					  check_headers(message->headers));
+	if (message->key)
+		key_lock_acquire(message->topic, message->key);
+	return insert_message(namespace, message);
+}
+
+/*
+ * When a message enqueued with deliver_after or deliver_at is due: 0 for
+ * now (neither given, or a time already past).
+ */
+static TimestampTz
+delivery_time(FunctionCallInfo fcinfo)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz due;
+
+	if (!PG_ARGISNULL(ARG_DELIVER_AFTER) && !PG_ARGISNULL(ARG_DELIVER_AT))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_enqueue() takes deliver_after or deliver_at, not both")));
+	if (!PG_ARGISNULL(ARG_DELIVER_AFTER))
+	{
+		due = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+													  TimestampTzGetDatum(now),
+													  PG_GETARG_DATUM(ARG_DELIVER_AFTER)));
+		if (due < now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox deliver_after must not be negative"),
+					 errhint("Pass an interval of zero or more, or deliver_at.")));
+	}
+	else if (!PG_ARGISNULL(ARG_DELIVER_AT))
+		due = PG_GETARG_TIMESTAMPTZ(ARG_DELIVER_AT);
+	else
+		return 0;
+	if (TIMESTAMP_NOT_FINITE(due))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("outbox delivery time must be finite")));
+	return due > now ? due : 0;
 }
 
 /*
  * The common part of the outbox_enqueue() variants, once the payload
  * is in its bytes.  Checking here rather than in the trigger lets the errors
- * name the function's arguments.
+ * name the function's arguments.  The functions of a schema before 0.6.0
+ * take four arguments.
  */
 static Datum
 enqueue(FunctionCallInfo fcinfo, bytea *payload)
 {
 	NewMessage	message;
 
-	message.topic = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
-	message.key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+	message.topic = PG_ARGISNULL(ARG_TOPIC) ? NULL : PG_GETARG_TEXT_PP(ARG_TOPIC);
+	message.key = PG_ARGISNULL(ARG_KEY) ? NULL : PG_GETARG_TEXT_PP(ARG_KEY);
 	message.payload = payload;
-	message.headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+	message.headers = PG_ARGISNULL(ARG_HEADERS) ? NULL : PG_GETARG_JSONB_P(ARG_HEADERS);
+	message.target_partition = ANY_PARTITION;
+	message.deliver_at = 0;
+	if (PG_NARGS() > ARG_DELIVER_AT)
+	{
+		if (!PG_ARGISNULL(ARG_PARTITION))
+		{
+			message.target_partition = PG_GETARG_INT32(ARG_PARTITION);
+			if (message.target_partition < 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox partition must be 0 or more, not %d", message.target_partition),
+						 errhint("Pass NULL to leave the partition to the producer's partitioner, by key.")));
+		}
+		message.deliver_at = delivery_time(fcinfo);
+	}
 
-	check_kafka_topic("outbox", message.topic);
-	check_record_size(VARSIZE_ANY_EXHDR(payload), message.key, check_headers(message.headers));
-	if (message.key)
-		key_lock_acquire(message.topic, message.key);
-
-	PG_RETURN_INT64(insert_message(get_func_namespace(fcinfo->flinfo->fn_oid), &message));
+	PG_RETURN_INT64(enqueue_message(get_func_namespace(fcinfo->flinfo->fn_oid), &message));
 }
 
 static void
@@ -408,6 +510,23 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a new outbox message must be in state \"pending\""),
 				 errhint("Leave the state column out of the INSERT.")));
+}
+
+/* A row inserted directly, with the trace context added to its headers. */
+static HeapTuple
+add_trace_context(HeapTuple tuple, TupleDesc desc)
+{
+	int			attnum = SPI_fnumber(desc, "headers");
+	bool		isnull;
+	Datum		value = heap_getattr(tuple, attnum, desc, &isnull);
+	Jsonb	   *headers = isnull ? NULL : DatumGetJsonbP(value);
+	Jsonb	   *traced = trace_context_add_headers(headers);
+
+	if (traced == headers)
+		return tuple;
+	value = JsonbPGetDatum(traced);
+	isnull = false;
+	return heap_modify_tuple_by_cols(tuple, desc, 1, &attnum, &value, &isnull);
 }
 
 /*
@@ -542,6 +661,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	/* outbox_enqueue() has checked its row and locked its key */
 	if (!checked)
 	{
+		tuple = add_trace_context(tuple, desc);
 		check_inserted_row(tuple, desc, &topic, &key);
 		if (key)
 			key_lock_acquire(topic, key);
@@ -581,17 +701,22 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
+			if (earliest_delayed_due != DT_NOEND)
+				worker_note_delayed_message(MyDatabaseId, earliest_delayed_due);
 			if (!worker_wake_publisher(MyDatabaseId))
 				serving_announce_unserved();
 			wake_worker_at_commit = false;
+			earliest_delayed_due = DT_NOEND;
 			break;
 		case XACT_EVENT_PREPARE:
 			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, true);
 			wake_worker_at_commit = false;
+			earliest_delayed_due = DT_NOEND;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			wake_worker_at_commit = false;
+			earliest_delayed_due = DT_NOEND;
 			break;
 		default:
 			break;

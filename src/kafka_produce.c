@@ -410,7 +410,8 @@ read_headers(WireReader *r)
 
 /* Hand one message to librdkafka, waiting while its queue is full. */
 static rd_kafka_resp_err_t
-produce_one(uint32_t token, int64_t timestamp_ms, const char *topic, int32_t topic_len,
+produce_one(uint32_t token, int64_t timestamp_ms, int32_t partition,
+			const char *topic, int32_t topic_len,
 			const char *key, int32_t key_len, const char *value, int32_t value_len,
 			rd_kafka_headers_t *headers)
 {
@@ -425,6 +426,7 @@ produce_one(uint32_t token, int64_t timestamp_ms, const char *topic, int32_t top
 	{
 		err = rd_kafka_producev(rk,
 								RD_KAFKA_V_TOPIC(topic_name),
+								RD_KAFKA_V_PARTITION(partition),
 								RD_KAFKA_V_KEY(key, key ? key_len : 0),
 								RD_KAFKA_V_VALUE((void *) value, value_len),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
@@ -444,6 +446,7 @@ typedef struct FrameMessage
 {
 	uint32_t	token;
 	int64_t		timestamp_ms;
+	int32_t		partition;		/* RD_KAFKA_PARTITION_UA for the partitioner's */
 	HeldKey		key;			/* its topic, and its key (NULL for none) */
 	const char *value;
 	int32_t		value_len;
@@ -465,11 +468,12 @@ read_messages(WireReader *r, uint32_t count)
 
 		m->token = wire_u32(r);
 		m->timestamp_ms = wire_i64(r);
+		m->partition = wire_i32(r);
 		m->key.topic = wire_string(r, &m->key.topic_len);
 		m->key.key = wire_string(r, &m->key.key_len);
 		m->value = wire_string(r, &m->value_len);
 		m->headers = read_headers(r);
-		if (r->failed || m->key.topic == NULL || m->value == NULL)
+		if (r->failed || m->key.topic == NULL)
 			die("malformed PRODUCE frame");
 		m->topic = topic_entry(m->key.topic, m->key.topic_len);
 	}
@@ -497,7 +501,7 @@ produce_message(FrameMessage *m, HeldKeys *held)
 	if (m->topic->state == TOPIC_MISSING)
 		err = m->topic->error;
 	else
-		err = produce_one(m->token, m->timestamp_ms, m->key.topic, m->key.topic_len,
+		err = produce_one(m->token, m->timestamp_ms, m->partition, m->key.topic, m->key.topic_len,
 						  m->key.key, m->key.key_len, m->value, m->value_len, m->headers);
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{

@@ -17,8 +17,9 @@
  *
  *	worker -> Kafka process
  *	  CONFIGURE   count, count x (name, value): the first frame, once
- *	  PRODUCE     count, count x (token, timestamp_ms, topic, key, value,
- *	              header count, header count x (name, value))
+ *	  PRODUCE     count, count x (token, timestamp_ms, partition, topic, key,
+ *	              value, header count, header count x (name, value)); a
+ *	              partition of -1 leaves it to the partitioner, by key
  *	  METADATA    timeout_ms: do the brokers answer?
  *	  PURGE       withdraw every message not yet acknowledged
  *	  TEST_FATAL  raise a fatal producer error (outbox_simulate_fatal_error)

@@ -49,7 +49,7 @@ timestamptz_of_unix_epoch_ms(int64 ms)
  */
 #define CLAIMED_COLUMNS \
 	"m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
-	" m.created_at, m.attempts"
+	" m.created_at, m.attempts, " TARGET_PARTITION_VALUE
 
 typedef enum ClaimedColumn
 {
@@ -60,8 +60,12 @@ typedef enum ClaimedColumn
 	Anum_claimed_payload,
 	Anum_claimed_headers,
 	Anum_claimed_created_at,
-	Anum_claimed_attempts
+	Anum_claimed_attempts,
+	Anum_claimed_target_partition
 } ClaimedColumn;
+
+/* A message's target partition when it names none: the partitioner's choice. */
+#define ANY_PARTITION (-1)
 
 /* What became of one message of a batch. */
 typedef enum DeliveryOutcome
@@ -80,11 +84,12 @@ typedef struct OutboxMessage
 	char	   *message_id;		/* uuid as text, sent as MESSAGE_ID_HEADER */
 	char	   *topic;
 	char	   *key;			/* NULL for no key */
-	char	   *payload;
+	char	   *payload;		/* NULL for a tombstone (a record without a value) */
 	size_t		payload_len;
 	Jsonb	   *headers;		/* NULL for none */
 	int64		timestamp_ms;	/* enqueue time, the record's timestamp */
 	int			attempts;		/* failed attempts before this one */
+	int32		target_partition;	/* the partition it must go to, or ANY_PARTITION */
 
 	DeliveryOutcome outcome;
 	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */

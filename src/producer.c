@@ -158,6 +158,7 @@ classify_error(rd_kafka_resp_err_t err)
 		case RD_KAFKA_RESP_ERR_INVALID_MSG:
 		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
 		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:	/* a partition the topic has not */
 			return DELIVERY_PERMANENT;
 		case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
 		case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
@@ -424,9 +425,10 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 
 		kafka_link_put_u32(&frame, take_token(producer, m));
 		kafka_link_put_i64(&frame, m->timestamp_ms);
+		kafka_link_put_i32(&frame, m->target_partition);
 		kafka_link_put_string(&frame, m->topic);
 		kafka_link_put_string(&frame, m->key);
-		kafka_link_put_bytes(&frame, m->payload, m->payload_len);
+		kafka_link_put_bytes(&frame, m->payload, m->payload ? (int32) m->payload_len : -1);
 		put_headers(&frame, m);
 		m->outcome = DELIVERY_PENDING;
 		producer->outstanding++;

@@ -54,12 +54,14 @@
 #include "miscadmin.h"
 #include "rewrite/rewriteHandler.h"
 #include "storage/lmgr.h"
+#include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 
+#include "message.h"
 #include "row_writer.h"
 #include "segment.h"
 
@@ -103,6 +105,11 @@ typedef struct RowWriter
 	TupleTableSlot *slot;		/* in the table's layout */
 	AttrNumber	given[GIVEN_COLUMNS];
 	AttrNumber	segment_column;
+	/* set over their defaults for a message with a partition or a delay */
+	AttrNumber	target_partition_column;	/* InvalidAttrNumber before 0.6.0 */
+	AttrNumber	state_column;
+	AttrNumber	next_attempt_at_column;
+	Datum		retrying_state; /* 'retrying', a delayed message's state */
 	ExprState **defaults;		/* per column; NULL for the given ones and those without */
 	SegmentWriter segments[OUTBOX_SEGMENTS];
 } RowWriter;
@@ -176,6 +183,10 @@ build_table_part(Relation table)
 			return false;
 	if ((writer->segment_column = get_attnum(writer->table, "segment")) == InvalidAttrNumber)
 		return false;
+	writer->target_partition_column = get_attnum(writer->table, "target_partition");
+	writer->state_column = get_attnum(writer->table, "state");
+	writer->next_attempt_at_column = get_attnum(writer->table, "next_attempt_at");
+	writer->retrying_state = CStringGetTextDatum("retrying");
 
 	writer->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(desc), &TTSOpsVirtual);
 	writer->defaults = palloc0(sizeof(ExprState *) * desc->natts);
@@ -284,6 +295,27 @@ build_segment_part(SegmentWriter *segment, Relation rel)
 }
 
 /*
+ * A message sent to a partition of its choice, or delayed: a delayed one
+ * waits as a retry does (see store.c's claim), until its time comes.
+ */
+static void
+set_delivery_columns(TupleTableSlot *slot, const NewMessage *message)
+{
+	if (message->target_partition != ANY_PARTITION)
+	{
+		slot->tts_values[writer->target_partition_column - 1] = Int32GetDatum(message->target_partition);
+		slot->tts_isnull[writer->target_partition_column - 1] = false;
+	}
+	if (message->deliver_at != 0)
+	{
+		slot->tts_values[writer->state_column - 1] = writer->retrying_state;
+		slot->tts_isnull[writer->state_column - 1] = false;
+		slot->tts_values[writer->next_attempt_at_column - 1] = TimestampTzGetDatum(message->deliver_at);
+		slot->tts_isnull[writer->next_attempt_at_column - 1] = false;
+	}
+}
+
+/*
  * Fill the writer's slot with the row: the given columns, the defaults of
  * the others (evaluated in the writer's per-row memory), but not yet its id.
  * Returns its segment.
@@ -312,6 +344,13 @@ fill_row(const NewMessage *message)
 	SET_GIVEN(GIVEN_PAYLOAD, message->payload);
 	SET_GIVEN(GIVEN_HEADERS, message->headers);
 #undef SET_GIVEN
+
+	if (message->target_partition != ANY_PARTITION || message->deliver_at != 0)
+	{
+		if (writer->target_partition_column == InvalidAttrNumber)
+			return -1;
+		set_delivery_columns(slot, message);
+	}
 
 	if (slot->tts_isnull[writer->segment_column - 1])
 		return -1;

@@ -24,6 +24,7 @@
 #include "utils/varlena.h"
 
 #include "settings.h"
+#include "trace_context.h"
 
 char	   *outbox_brokers = NULL;
 char	   *outbox_databases = NULL;
@@ -262,6 +263,26 @@ define_settings(void)
 							DEFAULT_INBOX_DEDUP_RETENTION_S, 1, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
+
+	/*
+	 * The trace context of what this session enqueues (trace_context.c),
+	 * set by the application's tracing for its transaction: SET LOCAL.
+	 */
+	DefineCustomStringVariable("outbox.traceparent",
+							   "W3C traceparent sent as the traceparent header of each message enqueued.",
+							   "Set it for the transaction (SET LOCAL); empty, the statement's sqlcommenter comment is read instead.",
+							   &outbox_traceparent,
+							   "",
+							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
+							   check_traceparent, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.tracestate",
+							   "W3C tracestate sent with outbox.traceparent as the tracestate header.",
+							   NULL,
+							   &outbox_tracestate,
+							   "",
+							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
+							   check_tracestate, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
 }

@@ -17,6 +17,7 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/pg_extension.h"
+#include "lib/stringinfo.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -57,6 +58,47 @@ extension_namespace(Oid *extension, Oid *owner)
 	return namespace;
 }
 
+/* Has the outbox of this schema the column target_partition (0.6.0 on)? */
+static bool
+schema_has_target_partition(Oid namespace)
+{
+	Oid			table = get_relname_relid("outbox_message", namespace);
+
+	return OidIsValid(table) && get_attnum(table, "target_partition") != InvalidAttrNumber;
+}
+
+/* s with every occurrence of token replaced, in a new string. */
+static char *
+replace_all(char *s, const char *token, const char *with)
+{
+	StringInfoData out;
+	char	   *p = s;
+	char	   *found;
+
+	initStringInfo(&out);
+	while ((found = strstr(p, token)) != NULL)
+	{
+		appendBinaryStringInfo(&out, p, found - p);
+		appendStringInfoString(&out, with);
+		p = found + strlen(token);
+	}
+	appendStringInfoString(&out, p);
+	pfree(s);
+	return out.data;
+}
+
+/* A statement's text for this schema (see statements.h). */
+static char *
+statement_text(const char *sql, const char *schema, bool has_target_partition)
+{
+	char	   *text = psprintf(sql, schema);
+
+	text = replace_all(text, TARGET_PARTITION_VALUE,
+					   has_target_partition ? "m.target_partition" : "NULL::pg_catalog.int4");
+	text = replace_all(text, TARGET_PARTITION_COLUMN, has_target_partition ? ", target_partition" : "");
+	return replace_all(text, TARGET_PARTITION_COLUMN_VALUE, has_target_partition ? ", m.target_partition" : "");
+}
+
 /* Drop the prepared statements, after DROP EXTENSION for instance. */
 void
 statements_forget(StatementSet *set)
@@ -83,6 +125,7 @@ statements_find_extension(StatementSet *set)
 	Oid			extension = InvalidOid;
 	Oid			namespace = extension_namespace(&extension, NULL);
 	const char *schema;
+	bool		has_target_partition;
 
 	if (OidIsValid(namespace))
 	{
@@ -100,7 +143,9 @@ statements_find_extension(StatementSet *set)
 		return InvalidOid;
 	}
 
-	if (namespace == set->namespace && extension == set->extension)
+	has_target_partition = schema_has_target_partition(namespace);
+	if (namespace == set->namespace && extension == set->extension &&
+		has_target_partition == set->has_target_partition)
 		return extension;
 
 	statements_forget(set);
@@ -110,7 +155,7 @@ statements_find_extension(StatementSet *set)
 	for (int i = 0; i < set->count; i++)
 	{
 		const StatementDef *def = &set->defs[i];
-		char	   *sql = psprintf(def->sql, schema);
+		char	   *sql = statement_text(def->sql, schema, has_target_partition);
 
 		set->plans[i] = SPI_prepare_cursor(sql, def->nargs, (Oid *) def->argtypes, def->plan);
 		if (set->plans[i] == NULL)
@@ -121,6 +166,7 @@ statements_find_extension(StatementSet *set)
 	}
 	set->namespace = namespace;
 	set->extension = extension;
+	set->has_target_partition = has_target_partition;
 	return extension;
 }
 

@@ -24,11 +24,24 @@
 typedef struct StatementDef
 {
 	const char *name;			/* for error messages */
-	const char *sql;			/* %1$s is the extension's schema */
+	const char *sql;			/* %1$s is the extension's schema; see below */
 	int			nargs;
 	Oid			argtypes[STATEMENT_MAX_ARGS];
 	int			plan;			/* PLAN_ONCE or PLAN_EACH_TIME */
 } StatementDef;
+
+/*
+ * What a statement's text writes for the columns a schema older than the
+ * library's may lack, until ALTER EXTENSION UPDATE: the statements are
+ * prepared for the schema they find, and again once it has them.
+ * TARGET_PARTITION_VALUE is a claimed message's (m.target_partition, or
+ * NULL before 0.6.0); TARGET_PARTITION_COLUMN and
+ * TARGET_PARTITION_COLUMN_VALUE add outbox_dead_letter's column and its
+ * value (", m.target_partition") to an INSERT's lists, or nothing.
+ */
+#define TARGET_PARTITION_VALUE "@target_partition@"
+#define TARGET_PARTITION_COLUMN "@target_partition_column@"
+#define TARGET_PARTITION_COLUMN_VALUE "@target_partition_column_value@"
 
 /* A worker's statements, and the schema they are prepared for. */
 typedef struct StatementSet
@@ -38,6 +51,7 @@ typedef struct StatementSet
 	SPIPlanPtr *plans;			/* count of them, NULL until prepared */
 	Oid			namespace;
 	Oid			extension;
+	bool		has_target_partition;	/* the schema has that column */
 } StatementSet;
 
 extern Oid	extension_namespace(Oid *extension, Oid *owner);

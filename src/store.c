@@ -183,9 +183,10 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"move messages to outbox_dead_letter",
 		"WITH inserted AS ("
 		"  INSERT INTO %1$s.outbox_dead_letter"
-		"         (id, message_id, topic, key, payload, headers, attempts, created_at, error)"
+		"         (id, message_id, topic, key, payload, headers, attempts, created_at, error"
+		TARGET_PARTITION_COLUMN ")"
 		"  SELECT m.id, m.message_id, m.topic, m.key, m.payload, m.headers,"
-		"         m.attempts + 1, m.created_at, f.error"
+		"         m.attempts + 1, m.created_at, f.error" TARGET_PARTITION_COLUMN_VALUE
 		"    FROM %1$s.outbox_message m,"
 		"         ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS f(id, error)"
 		"   WHERE m.id = f.id"
@@ -318,14 +319,20 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	m->topic = TextDatumGetCString(SPI_getbinval(tuple, desc, Anum_claimed_topic, &isnull));
 	d = SPI_getbinval(tuple, desc, Anum_claimed_key, &isnull);
 	m->key = isnull ? NULL : TextDatumGetCString(d);
-	payload = DatumGetByteaPCopy(SPI_getbinval(tuple, desc, Anum_claimed_payload, &isnull));
-	m->payload = VARDATA(payload);
-	m->payload_len = VARSIZE(payload) - VARHDRSZ;
+	d = SPI_getbinval(tuple, desc, Anum_claimed_payload, &isnull);
+	if (!isnull)				/* NULL: a tombstone */
+	{
+		payload = DatumGetByteaPCopy(d);
+		m->payload = VARDATA(payload);
+		m->payload_len = VARSIZE(payload) - VARHDRSZ;
+	}
 	d = SPI_getbinval(tuple, desc, Anum_claimed_headers, &isnull);
 	m->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
 	d = SPI_getbinval(tuple, desc, Anum_claimed_created_at, &isnull);
 	m->timestamp_ms = unix_epoch_ms(DatumGetTimestampTz(d));
 	m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, Anum_claimed_attempts, &isnull));
+	d = SPI_getbinval(tuple, desc, Anum_claimed_target_partition, &isnull);
+	m->target_partition = isnull ? ANY_PARTITION : DatumGetInt32(d);
 }
 
 /*
@@ -964,15 +971,22 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 		recorded->retries_scheduled += retries.count;
 }
 
-/* Milliseconds until the next retry is due, or -1 if none waits. */
+/*
+ * Milliseconds until the next retry (or delayed message) is due, or -1 if
+ * none waits.
+ */
 long
 store_ms_until_next_retry(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz delayed_due = worker_take_delayed_due();
 	bool		isnull;
 	Datum		d;
 	int64		ms;
 
+	/* a delayed message committed since may be due sooner */
+	if (next_retry_at != 0 && delayed_due < next_retry_at)
+		next_retry_at = delayed_due;
 	/* as last found, until it comes (see next_retry_at) */
 	if (next_retry_at == DT_NOEND)
 		return -1;

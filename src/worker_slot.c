@@ -98,6 +98,9 @@ typedef struct OutboxWorkerSlot
 										 * claim floor) */
 	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
 										 * or NO_ID */
+	pg_atomic_uint64 delayed_due;	/* earliest time a delayed message
+									 * committed since the worker last looked
+									 * is due, encoded as an id, or NO_ID */
 	InboxPart	inbox;
 } OutboxWorkerSlot;
 
@@ -230,6 +233,7 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
 			pg_atomic_init_u64(&slot->committed_below, NO_ID);
 			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
+			pg_atomic_init_u64(&slot->delayed_due, NO_ID);
 			pg_atomic_init_u64(&slot->inbox.applied, 0);
 			pg_atomic_init_u64(&slot->inbox.duplicates, 0);
 			pg_atomic_init_u64(&slot->inbox.failed, 0);
@@ -355,6 +359,20 @@ worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
 	if (slot)
 		atomic_lower(prepared ? &slot->prepared_below : &slot->committed_below,
 					 encode_id(lowest));
+}
+
+/*
+ * Tell the publisher of this database that a transaction committed a
+ * delayed message due at due: it waits no longer than that.  Call it before
+ * the wake.
+ */
+void
+worker_note_delayed_message(Oid database, TimestampTz due)
+{
+	OutboxWorkerSlot *slot = slot_of_database(database);
+
+	if (slot)
+		atomic_lower(&slot->delayed_due, encode_id(due));
 }
 
 /* Ask every publisher's producer to fail fatally during its next batch. */
@@ -780,6 +798,7 @@ worker_slot_attach(int i, uint32 generation)
 	}
 	pg_atomic_write_u64(&my_slot->committed_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->prepared_below, NO_ID);
+	pg_atomic_write_u64(&my_slot->delayed_due, NO_ID);
 	on_shmem_exit(detach, 0);
 	return database;
 }
@@ -899,6 +918,18 @@ worker_take_claim_floor_request(void)
 	uint64		v = pg_atomic_exchange_u64(&my_slot->committed_below, NO_ID);
 
 	return v == NO_ID ? PG_INT64_MAX : decode_id(v);
+}
+
+/*
+ * The earliest time a delayed message committed since this worker last
+ * asked is due, or DT_NOEND if none.
+ */
+TimestampTz
+worker_take_delayed_due(void)
+{
+	uint64		v = pg_atomic_exchange_u64(&my_slot->delayed_due, NO_ID);
+
+	return v == NO_ID ? DT_NOEND : decode_id(v);
 }
 
 /* Hold this worker's claim floor down to lowest, for a prepared transaction. */

@@ -116,6 +116,7 @@ extern const char *worker_state_name(OutboxWorkerState state);
 extern bool worker_wake_publisher(Oid database);
 extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
+extern void worker_note_delayed_message(Oid database, TimestampTz due);
 extern void worker_request_fatal_error_drill(void);
 extern void inbox_want_worker(Oid database);
 extern bool inbox_read(Oid database, InboxStatus *status);
@@ -161,6 +162,7 @@ extern void worker_count_outcomes(uint64 published, uint64 retries_scheduled,
 								  uint64 dead_lettered);
 extern bool worker_take_fatal_error_drill(void);
 extern int64 worker_take_claim_floor_request(void);
+extern TimestampTz worker_take_delayed_due(void);
 extern void worker_hold_claim_floor(int64 lowest);
 extern bool worker_claim_floor_held(int64 *lowest);
 extern bool worker_release_claim_floor(int64 lowest);

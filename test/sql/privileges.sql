@@ -11,9 +11,9 @@ VALUES (2001, 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21', 'orders', 'o-1', 'one', 10
 CREATE ROLE outbox_nobody;
 -- the application role, as the README says
 CREATE ROLE outbox_app;
-GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb),
-                          outbox_enqueue(text, text, text, jsonb),
-                          outbox_enqueue(text, bytea, text, jsonb) TO outbox_app;
+GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, integer, interval, timestamptz),
+                          outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz),
+                          outbox_enqueue(text, bytea, text, jsonb, integer, interval, timestamptz) TO outbox_app;
 GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
 -- the monitoring role
 CREATE ROLE outbox_monitor;

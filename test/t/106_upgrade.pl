@@ -1,5 +1,5 @@
 # ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
-# 0.3.0, 0.4.0) to the current one (0.5.0), with messages in every state:
+# 0.3.0, 0.4.0, 0.5.0) to the current one (0.6.0), with messages in every state:
 # pending, retrying, sent (kept under outbox.sent_retention) and
 # dead-lettered.  The library is the new one from the start, as after an
 # upgrade's restart, so this also shows it serving the earlier schemas.
@@ -23,9 +23,10 @@ use warnings;
 
 use OutboxTest;
 use PostgreSQL::Test::Utils;
+use IPC::Run;
 use Test::More;
 
-my $current = '0.5.0';
+my $current = '0.6.0';
 
 sub upgrade_from
 {
@@ -41,7 +42,8 @@ $node->safe_psql('postgres', qq{
 	CREATE EXTENSION outbox VERSION '$from';
 	CREATE ROLE app LOGIN;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
-	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;});
+	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;
+	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb) TO app;});
 
 my $fine = unique_topic("upgrade.$name.fine");
 kafka_admin('create-topic', $fine);
@@ -93,7 +95,8 @@ $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', q{
 	CREATE EXTENSION outbox;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
-	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;});
+	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;
+	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;});
 # Every object of the extension, and what it is made of: the relations
 # (tables, segments, sequences, views, and the composite types' own
 # relations), their columns, constraints, indexes, triggers (but the
@@ -179,15 +182,30 @@ is($node->safe_psql('postgres',
 		'SELECT id, message_id, topic, key, md5(payload), attempts, created_at, failed_at, error FROM outbox_dead_letter'),
 	$dead_before, 'the dead letters are intact');
 
-# New messages get ids above every old one, both ways in.
+# What was granted on outbox_enqueue() is granted on the new one, and
+# pg_dump dumps it: the upgrade leaves it out of the initial privileges.
+like($node->safe_psql('postgres', q{
+	SELECT string_agg(p.oid::regprocedure::text, ',') FROM pg_proc p
+	 WHERE proname = 'outbox_enqueue' AND has_function_privilege('app', p.oid, 'EXECUTE')}),
+	qr/^outbox_enqueue\(text,text,text,jsonb,integer,interval,timestamp with time zone\)$/,
+	"$from: the role granted outbox_enqueue(text, ...) may execute its new signature, and no other");
+my ($dump, $dump_err);
+IPC::Run::run([ 'pg_dump', '--schema-only', '-d', $node->connstr('postgres') ], '>', \$dump, '2>', \$dump_err);
+like($dump,
+	qr/^GRANT ALL ON FUNCTION public\.outbox_enqueue\(topic text, payload text,.*\) TO app;$/m,
+	"$from: pg_dump dumps that grant");
+
+# New messages get ids above every old one, both ways in, and the
+# application role enqueues to a partition of its choice.
 my $new_ids = $node->safe_psql('postgres', qq{
 	SELECT outbox_enqueue('$fine', 'new'::text, 'k-new');
 	SET ROLE app;
+	SELECT outbox_enqueue('$fine', 'new, to partition 0'::text, 'k-partition', partition => 0) > 0;
 	INSERT INTO outbox_message (topic, key, payload) VALUES ('$fine', 'k-new', 'new insert');
 	RESET ROLE;
 	SELECT max(id) FROM outbox_message;
 });
-my @new_ids = split /\n/, $new_ids;
+my @new_ids = grep { $_ ne 't' } split /\n/, $new_ids;
 ok($new_ids[0] > $highest_id && $new_ids[1] > $new_ids[0],
 	"new ids ($new_ids[0], $new_ids[1]) are above every old one ($highest_id), in order");
 %waiting = (%waiting, map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
@@ -251,5 +269,5 @@ $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0');
 done_testing();

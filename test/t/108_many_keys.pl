@@ -25,7 +25,7 @@ my $node = outbox_node('many_keys', conf => join("\n",
 my $topic = unique_topic('many_keys');
 $node->safe_psql('postgres', q{
 	CREATE ROLE app LOGIN;
-	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb) TO app;
+	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;
 	CREATE TABLE vacuum_me AS SELECT i FROM generate_series(1, 1000) i;
 });
 

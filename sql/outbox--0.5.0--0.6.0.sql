@@ -1,0 +1,126 @@
+-- outbox 0.5.0 to 0.6.0: outbox_enqueue() takes a partition and a delay
+-- (deliver_after, deliver_at); outbox_status counts the delayed messages.
+--
+-- Install the new version's files and restart PostgreSQL first (the library
+-- is preloaded), then run ALTER EXTENSION outbox UPDATE in each database
+-- that has the extension.
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '0.6.0'" to load this file. \quit
+
+-- The partition a message is sent to, when it names one; NULL leaves it to
+-- the producer's partitioner, by key.  Kept with a dead letter, so that a
+-- requeued message goes where it was sent.
+ALTER TABLE outbox_message ADD COLUMN target_partition integer
+    CONSTRAINT outbox_message_target_partition_check
+    CHECK (target_partition OPERATOR(pg_catalog.>=) 0);
+ALTER TABLE outbox_dead_letter ADD COLUMN target_partition integer;
+
+-- A tombstone, a record without a value, is a row without a payload: only
+-- outbox_capture() makes them (route.tombstone.on.empty.payload); the
+-- trigger still refuses a NULL payload in a plain INSERT.
+ALTER TABLE outbox_message ALTER COLUMN payload DROP NOT NULL;
+ALTER TABLE outbox_dead_letter ALTER COLUMN payload DROP NOT NULL;
+
+-- outbox_enqueue() gains three arguments with defaults, which needs new
+-- functions: old and new side by side would make every call ambiguous.
+-- What was granted on the old ones is granted on the new, and the new
+-- ones' initial privileges (pg_init_privs, what pg_dump compares with) are
+-- set to what a fresh install records, so that pg_dump still dumps those
+-- grants.  A function whose SQL-standard body calls outbox_enqueue()
+-- depends on it, and makes the DROP below fail: drop it first, and create
+-- it again after the update.
+DO $upgrade$
+DECLARE
+    payload_type text;
+    old_function regprocedure;
+    new_function regprocedure;
+    old_acl aclitem[];
+    grants record;
+    initial aclitem[];
+BEGIN
+    FOREACH payload_type IN ARRAY ARRAY['jsonb', 'text', 'bytea'] LOOP
+        old_function := pg_catalog.format('@extschema@.outbox_enqueue(text, %s, text, jsonb)', payload_type)::regprocedure;
+        SELECT proacl INTO old_acl FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) old_function;
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', old_function);
+        EXECUTE pg_catalog.format($sql$
+            CREATE FUNCTION @extschema@.outbox_enqueue(topic text, payload %1$s,
+                                           key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+                                           "partition" integer DEFAULT NULL,
+                                           deliver_after interval DEFAULT NULL,
+                                           deliver_at timestamptz DEFAULT NULL)
+            RETURNS bigint
+            AS 'MODULE_PATHNAME', %2$L
+            LANGUAGE C VOLATILE SECURITY DEFINER$sql$,
+            payload_type, CASE payload_type WHEN 'jsonb' THEN 'outbox_enqueue_jsonb' ELSE 'outbox_enqueue_bytes' END);
+        new_function := pg_catalog.format('@extschema@.outbox_enqueue(text, %s, text, jsonb, integer, interval, timestamptz)',
+                                          payload_type)::regprocedure;
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', new_function);
+        SELECT proacl INTO initial FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) new_function;
+        FOR grants IN SELECT a.grantee, a.is_grantable AS grantable
+                        FROM pg_catalog.aclexplode(old_acl) a, pg_catalog.pg_proc p
+                       WHERE p.oid OPERATOR(pg_catalog.=) new_function
+                         AND a.grantee OPERATOR(pg_catalog.<>) p.proowner LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_function,
+                                      CASE WHEN grants.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                           ELSE grants.grantee::regrole::text END,
+                                      CASE WHEN grants.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+        UPDATE pg_catalog.pg_init_privs SET initprivs = initial
+         WHERE objoid OPERATOR(pg_catalog.=) new_function
+           AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND objsubid OPERATOR(pg_catalog.=) 0;
+    END LOOP;
+END
+$upgrade$;
+
+CREATE OR REPLACE FUNCTION outbox_requeue(dead_letter_id bigint)
+RETURNS bigint
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
+BEGIN ATOMIC
+    WITH requeued AS (
+        DELETE FROM outbox_dead_letter WHERE id OPERATOR(pg_catalog.=) dead_letter_id
+        RETURNING message_id, topic, key, payload, headers, created_at, target_partition
+    )
+    INSERT INTO outbox_message (message_id, topic, key, payload, headers, created_at, target_partition)
+    SELECT message_id, topic, key, payload, headers, created_at, target_partition FROM requeued
+    RETURNING id;
+END;
+
+-- One row per topic that has messages waiting, retrying, delayed, kept as
+-- sent, or dead-lettered.  A delayed message (outbox_enqueue()'s
+-- deliver_after or deliver_at) waits as a retry does, holding back the later
+-- messages of its key, until its time comes: it is a 'retrying' row not yet
+-- attempted.  New columns go at the end, so that an upgrade can replace the
+-- view and keep what was granted on it.
+CREATE OR REPLACE VIEW outbox_status AS
+WITH outbox AS (
+    SELECT topic,
+           pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'pending')  AS waiting,
+           pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'retrying'
+                                         AND attempts OPERATOR(pg_catalog.>) 0) AS retrying,
+           pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'retrying'
+                                         AND attempts OPERATOR(pg_catalog.=) 0) AS delayed,
+           pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'sent')     AS sent_retained,
+           pg_catalog.now() OPERATOR(pg_catalog.-)
+               pg_catalog.min(created_at) FILTER (WHERE state OPERATOR(pg_catalog.<>) 'sent')
+               AS oldest_waiting_age,
+           pg_catalog.max(sent_at) AS last_sent_at
+    FROM outbox_message
+    GROUP BY topic
+), dead AS (
+    SELECT topic, pg_catalog.count(*) AS dead_letters, pg_catalog.max(failed_at) AS last_failed_at
+    FROM outbox_dead_letter
+    GROUP BY topic
+)
+SELECT coalesce(o.topic, d.topic)           AS topic,
+       coalesce(o.waiting, 0::bigint)       AS waiting,
+       coalesce(o.retrying, 0::bigint)      AS retrying,
+       o.oldest_waiting_age,
+       coalesce(d.dead_letters, 0::bigint)  AS dead_letters,
+       coalesce(o.sent_retained, 0::bigint) AS sent_retained,
+       o.last_sent_at,
+       d.last_failed_at,
+       coalesce(o.delayed, 0::bigint)       AS delayed
+FROM outbox o FULL JOIN dead d ON o.topic OPERATOR(pg_catalog.=) d.topic
+ORDER BY 1;
+
