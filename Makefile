@@ -56,7 +56,7 @@ SHLIB_LINK = -lrdkafka
 #                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
 #                            KAFKA_PORT); each makes its own clusters.
 #                            PROVE_TESTS=test/t/001_publish.pl runs one.
-REGRESS = surface refused dead_letter views privileges settings databases
+REGRESS = surface refused dead_letter views privileges settings databases delivery
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION = enqueue_rollback key_locks row_writer

@@ -80,9 +80,13 @@ typedef struct TopicEntry
 	TopicState	state;
 	rd_kafka_resp_err_t error;	/* why it is missing */
 	int64_t		checked_at_ms;
+	uint64_t	partitions_asked_in_frame;	/* see partition_may_be_new() */
 } TopicEntry;
 
 static TopicEntry *topic_buckets[TOPIC_BUCKETS];
+
+/* The PRODUCE frames served, this one included. */
+static uint64_t produce_frames;
 static int	topics_cached;
 
 /* FNV-1a, enough to spread topic names over the buckets. */
@@ -481,6 +485,26 @@ read_messages(WireReader *r, uint32_t count)
 }
 
 /*
+ * A message to a partition librdkafka does not know of may be to one the
+ * topic gained since librdkafka last read its metadata (every
+ * topic.metadata.refresh.interval.ms, 5 minutes): ask the brokers, which
+ * refreshes it, once per frame for a topic, however many of its messages
+ * name such a partition.  Returns whether they were asked, and so whether
+ * producing again may now succeed.
+ */
+static bool
+partition_may_be_new(FrameMessage *m)
+{
+	rd_kafka_resp_err_t err;
+
+	if (m->partition == RD_KAFKA_PARTITION_UA ||
+		m->topic->partitions_asked_in_frame == produce_frames)
+		return false;
+	m->topic->partitions_asked_in_frame = produce_frames;
+	return ask_brokers_about(m->topic->name, &err);
+}
+
+/*
  * Produce one message of a frame, or report at once why not: an earlier
  * message of its key failed, its topic is missing, or librdkafka refuses
  * it.  A failure holds back the later messages of its key.
@@ -501,8 +525,13 @@ produce_message(FrameMessage *m, HeldKeys *held)
 	if (m->topic->state == TOPIC_MISSING)
 		err = m->topic->error;
 	else
+	{
 		err = produce_one(m->token, m->timestamp_ms, m->partition, m->key.topic, m->key.topic_len,
 						  m->key.key, m->key.key_len, m->value, m->value_len, m->headers);
+		if (err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION && partition_may_be_new(m))
+			err = produce_one(m->token, m->timestamp_ms, m->partition, m->key.topic, m->key.topic_len,
+							  m->key.key, m->key.key_len, m->value, m->value_len, m->headers);
+	}
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		outstanding++;
@@ -532,6 +561,8 @@ produce(WireReader *r)
 	HeldKeys	held = {0};
 	int64_t		now = now_ms();
 	bool		brokers_answer = true;
+
+	produce_frames++;
 
 	for (uint32_t i = 0; i < count; i++)
 		if (!topic_needs_probe(messages[i].topic, now))

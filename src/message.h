@@ -49,7 +49,7 @@ timestamptz_of_unix_epoch_ms(int64 ms)
  */
 #define CLAIMED_COLUMNS \
 	"m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
-	" m.created_at, m.attempts, " TARGET_PARTITION_VALUE
+	" m.created_at, m.attempts, " TARGET_PARTITION_VALUE ", m.state = 'retrying'"
 
 typedef enum ClaimedColumn
 {
@@ -61,7 +61,8 @@ typedef enum ClaimedColumn
 	Anum_claimed_headers,
 	Anum_claimed_created_at,
 	Anum_claimed_attempts,
-	Anum_claimed_target_partition
+	Anum_claimed_target_partition,
+	Anum_claimed_waited
 } ClaimedColumn;
 
 /* A message's target partition when it names none: the partitioner's choice. */
@@ -90,6 +91,8 @@ typedef struct OutboxMessage
 	int64		timestamp_ms;	/* enqueue time, the record's timestamp */
 	int			attempts;		/* failed attempts before this one */
 	int32		target_partition;	/* the partition it must go to, or ANY_PARTITION */
+	bool		waited;			/* claimed as 'retrying': a retry, or a delayed
+								 * message, which may hold back its key */
 
 	DeliveryOutcome outcome;
 	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */

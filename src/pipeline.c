@@ -91,6 +91,9 @@ struct Pipeline
 {
 	Batch		batches[2];		/* one in flight while the other is claimed */
 	OutboxProducer *producer;	/* NULL until made, and after it failed */
+	bool		claim_again;	/* outcomes recorded may have left messages
+								 * to claim: a held back one, or the later
+								 * ones of a key whose retry or delay is over */
 };
 
 Pipeline *
@@ -398,7 +401,7 @@ hold_back_behind_failures(Batch *batch)
  * store_record_outcomes() reports, is the one outbox_worker shows.
  */
 static void
-record_outcomes(Batch *batch)
+record_outcomes(Pipeline *p, Batch *batch)
 {
 	RecordedOutcomes recorded;
 
@@ -414,6 +417,7 @@ record_outcomes(Batch *batch)
 		}
 	}
 	store_record_outcomes(batch->messages, batch->count, &recorded);
+	p->claim_again |= recorded.floor_lowered;
 	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
 						  recorded.dead_lettered);
 }
@@ -439,7 +443,7 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension)
 		p->producer = NULL;
 	}
 	if (batch->extension == extension)
-		record_outcomes(batch);
+		record_outcomes(p, batch);
 	batch->state = BATCH_SETTLED;
 }
 
@@ -546,13 +550,14 @@ pipeline_turn(Pipeline *p, long *next_retry_ms)
 
 	Assert(next != NULL);		/* a turn empties all but the batch in flight */
 	*next_retry_ms = -1;
+	p->claim_again = false;
 	extension = turn_in_transaction(p, next, in_flight, next_retry_ms);
 	commit_turn_transaction(turn_context);
 	claimed_waits = turn_after_commit(p, next, in_flight);
 
 	if (!OidIsValid(extension))
 		result = TURN_NO_EXTENSION;
-	else if (pipeline_has_batch_in_flight(p) || claimed_waits)
+	else if (pipeline_has_batch_in_flight(p) || claimed_waits || p->claim_again)
 		result = TURN_GO_ON;
 	else
 		result = TURN_DRAINED;

@@ -333,6 +333,7 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, Anum_claimed_attempts, &isnull));
 	d = SPI_getbinval(tuple, desc, Anum_claimed_target_partition, &isnull);
 	m->target_partition = isnull ? ANY_PARTITION : DatumGetInt32(d);
+	m->waited = DatumGetBool(SPI_getbinval(tuple, desc, Anum_claimed_waited, &isnull));
 }
 
 /*
@@ -926,8 +927,11 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 		OutboxMessage *m = &messages[i];
 
 		/* it stays below the floor, or the later messages of its key may */
-		if (m->outcome != DELIVERY_OK || m->attempts > 0)
+		if (m->outcome != DELIVERY_OK || m->waited)
+		{
 			store_lower_claim_floor(m->id);
+			recorded->floor_lowered = true;
+		}
 		if (m->outcome == DELIVERY_OK)
 			delivered[recorded->delivered++] = m;
 		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))

@@ -17,6 +17,7 @@ typedef struct RecordedOutcomes
 	int			delivered;
 	int			retries_scheduled;
 	int			dead_lettered;
+	bool		floor_lowered;	/* some message may wait below the claim floor */
 } RecordedOutcomes;
 
 extern Oid	store_find_extension(void);

@@ -17,9 +17,11 @@
  *    is not W3C's format, is ignored: a comment must never make a write
  *    fail.
  *
- * A message's own headers win over both: outbox_enqueue(..., headers =>
- * '{"traceparent": ...}') keeps what it names.  tracestate travels only
- * with a traceparent, as W3C says it must.
+ * A message whose headers name a traceparent of their own keeps them as
+ * they are, without either header of the trace context: a tracestate
+ * belongs to its traceparent.  Other headers the message names win over
+ * the trace context's.  tracestate travels only with a traceparent, as W3C
+ * says it must.
  *
  *-------------------------------------------------------------------------
  */
@@ -265,6 +267,20 @@ push_header(JsonbParseState **state, const char *name, const char *value)
 	pushJsonbValue(state, WJB_VALUE, &v);
 }
 
+/* Do these headers name a traceparent of their own? */
+static bool
+names_traceparent(Jsonb *headers)
+{
+	JsonbValue	key;
+
+	if (headers == NULL || !JB_ROOT_IS_OBJECT(headers))
+		return false;
+	key.type = jbvString;
+	key.val.string.val = TRACEPARENT_HEADER;
+	key.val.string.len = strlen(TRACEPARENT_HEADER);
+	return findJsonbValueFromContainer(&headers->root, JB_FOBJECT, &key) != NULL;
+}
+
 /*
  * The headers of a message enqueued now: its own, with the trace context's
  * traceparent and tracestate added where they name none.  Returns headers
@@ -286,7 +302,7 @@ trace_context_add_headers(Jsonb *headers)
 	}
 	else
 		statement_comment_context(&traceparent, &tracestate);
-	if (traceparent == NULL)
+	if (traceparent == NULL || names_traceparent(headers))
 		return headers;
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);

@@ -4,6 +4,7 @@
 #                                          [--config k=v ...] [--if-not-exists]
 #   admin.py --brokers B alter-config NAME k=v ...
 #   admin.py --brokers B delete-topic NAME
+#   admin.py --brokers B add-partitions NAME TOTAL   (the topic then has TOTAL)
 #   admin.py --brokers B list-topics
 #   admin.py --brokers B produce NAME [--partition N] [--key K] [--value-hex HEX]
 #                                     [--header name=value ...] [--null-value]
@@ -20,7 +21,7 @@ import sys
 import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewPartitions, NewTopic
 
 TIMEOUT = 30
 
@@ -72,6 +73,19 @@ def alter_config(admin, args):
     configs.update(key_values(args.pairs))
     resource = ConfigResource(ConfigResource.Type.TOPIC, args.name, set_config=configs)
     admin.alter_configs([resource], request_timeout=TIMEOUT)[resource].result()
+
+
+def add_partitions(admin, args):
+    admin.create_partitions([NewPartitions(args.name, args.total)],
+                            request_timeout=TIMEOUT)[args.name].result()
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline:
+        topic = admin.list_topics(args.name, timeout=TIMEOUT).topics.get(args.name)
+        if topic is not None and len(topic.partitions) == args.total and \
+                all(p.leader >= 0 for p in topic.partitions.values()):
+            return
+        time.sleep(0.1)
+    sys.exit(f"admin.py: topic {args.name} has not {args.total} partitions after {TIMEOUT}s")
 
 
 def delete_topic(admin, args):
@@ -130,6 +144,10 @@ def main():
     p = sub.add_parser("delete-topic")
     p.add_argument("name")
     p.set_defaults(run=delete_topic)
+    p = sub.add_parser("add-partitions")
+    p.add_argument("name")
+    p.add_argument("total", type=int)
+    p.set_defaults(run=add_partitions)
     p = sub.add_parser("list-topics")
     p.set_defaults(run=list_topics)
     p = sub.add_parser("produce")
