@@ -359,11 +359,19 @@ insert_message(Oid namespace, const NewMessage *message)
 int64
 enqueue_message(Oid namespace, NewMessage *message)
 {
+	Size		headers_size;
+	Jsonb	   *traced;
+
 	check_kafka_topic("outbox", message->topic);
-	(void) check_headers(message->headers);
-	message->headers = trace_context_add_headers(message->headers);
+	headers_size = check_headers(message->headers);
+	traced = trace_context_add_headers(message->headers);
+	if (traced != message->headers)
+	{
+		message->headers = traced;
+		headers_size = check_headers(traced);
+	}
 	check_record_size(message->payload ? VARSIZE_ANY_EXHDR(message->payload) : 0, message->key,
-					  check_headers(message->headers));
+					  headers_size);
 	if (message->key)
 		key_lock_acquire(message->topic, message->key);
 	return insert_message(namespace, message);
