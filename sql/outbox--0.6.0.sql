@@ -240,7 +240,9 @@ COMMENT ON FUNCTION outbox_discard(bigint) IS
 -- sent, or dead-lettered.  A delayed message (outbox_enqueue()'s
 -- deliver_after or deliver_at) waits as a retry does, holding back the later
 -- messages of its key, until its time comes: it is a 'retrying' row not yet
--- attempted.  New columns go at the end, so that an upgrade can replace the
+-- attempted.  oldest_waiting_age leaves it out until then, and counts from
+-- its time after: it is how long the oldest message could have gone and
+-- has not.  New columns go at the end, so that an upgrade can replace the
 -- view and keep what was granted on it.
 CREATE VIEW outbox_status AS
 WITH outbox AS (
@@ -252,7 +254,13 @@ WITH outbox AS (
                                          AND attempts OPERATOR(pg_catalog.=) 0) AS delayed,
            pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'sent')     AS sent_retained,
            pg_catalog.now() OPERATOR(pg_catalog.-)
-               pg_catalog.min(created_at) FILTER (WHERE state OPERATOR(pg_catalog.<>) 'sent')
+               pg_catalog.min(CASE WHEN attempts OPERATOR(pg_catalog.=) 0
+                                    AND state OPERATOR(pg_catalog.=) 'retrying'
+                                   THEN next_attempt_at ELSE created_at END)
+               FILTER (WHERE state OPERATOR(pg_catalog.<>) 'sent'
+                         AND NOT (state OPERATOR(pg_catalog.=) 'retrying'
+                                  AND attempts OPERATOR(pg_catalog.=) 0
+                                  AND next_attempt_at OPERATOR(pg_catalog.>) pg_catalog.now()))
                AS oldest_waiting_age,
            pg_catalog.max(sent_at) AS last_sent_at
     FROM outbox_message

@@ -31,6 +31,13 @@ SELECT encode(payload, 'escape') AS payload, state, attempts,
        next_attempt_at = date_trunc('day', now()) + interval '36 hours' AS at_noon_tomorrow
   FROM outbox_message ORDER BY id;
 SELECT topic, waiting, retrying, delayed FROM outbox_status WHERE topic = 'd';
+-- a message not yet due is not waiting: it ages from its time on
+SELECT outbox_enqueue('only.delayed', 'later'::text, deliver_after => '1 hour') > 0 AS enqueued;
+SELECT delayed, oldest_waiting_age FROM outbox_status WHERE topic = 'only.delayed';
+BEGIN;
+UPDATE outbox_message SET next_attempt_at = now() - interval '1 minute' WHERE topic = 'only.delayed';
+SELECT delayed, oldest_waiting_age = interval '1 minute' AS waiting_since_its_time FROM outbox_status WHERE topic = 'only.delayed';
+COMMIT;
 
 -- the trace context: a traceparent set for the transaction goes into the
 -- headers of what it enqueues, with its tracestate; the message's own
