@@ -17,6 +17,9 @@
 #    then an invalidated one: the worker waits, and says why; DROP EXTENSION
 #    during that wait ends the worker.
 #
+# In scenario 1 a message delayed past the failover is published by the new
+# primary.
+#
 # Before its promotion a standby runs nothing of the extension and logs
 # nothing of it, and an enqueue there gets PostgreSQL's read-only error.
 #
@@ -195,12 +198,21 @@ my @topics = new_topics();
 my ($load, $acknowledged) = start_failover_load($primary, $standby, \@topics, 'sync', 7);
 ok(wait_for_query($primary, 'SELECT published > 100 FROM outbox_worker', 't', 30),
 	"$scenario: the primary publishes under load");
+# A message delayed past the failover: the promoted standby's publisher,
+# which no commit told of it, publishes it when its time comes.
+my $delayed_topic = unique_topic('fault.failover.delayed');
+kafka_admin('create-topic', $delayed_topic);
+$primary->safe_psql('postgres',
+	"SELECT outbox_enqueue('$delayed_topic', 'after the failover'::text, 'delayed', deliver_after => '6 seconds')");
 check_standby_quiet($standby);
 kill_postmaster($primary);
 promote_and_time($standby, $scenario);
 finish_load($load);
 fault_check($standby, scenario => $scenario, topics => \@topics, crashes => 1,
 	acknowledged => $acknowledged, idle => 3);
+my $delayed_records = consume_topics(topics => [$delayed_topic], expect => 1, timeout => 60);
+is(join(',', map { $_->{value} } @$delayed_records), 'after the failover',
+	"$scenario: a message delayed past the failover is published by the new primary");
 diag(sprintf('%s: %.1f s', $scenario, time() - $t_scenario));
 
 # 2. and 3.: asynchronous replication, without and with
