@@ -17,6 +17,7 @@ OBJS = \
 	src/inbox_sql.o \
 	src/key_lock.o \
 	src/launcher.o \
+	src/metrics.o \
 	src/publisher.o \
 	src/pipeline.o \
 	src/row_writer.o \

@@ -1,5 +1,7 @@
 -- outbox 0.5.0 to 0.6.0: outbox_enqueue() takes a partition and a delay
--- (deliver_after, deliver_at); outbox_status counts the delayed messages.
+-- (deliver_after, deliver_at); outbox_status counts the delayed messages,
+-- and shows each topic's rate and latency over the last minute
+-- (outbox_topic_metrics()).
 --
 -- Install the new version's files and restart PostgreSQL first (the library
 -- is preloaded), then run ALTER EXTENSION outbox UPDATE in each database
@@ -86,8 +88,28 @@ BEGIN ATOMIC
     RETURNING id;
 END;
 
+-- Metrics: per topic, the messages Kafka acknowledged in the last minute
+-- (the window now running and the five 10-second windows before it), how
+-- many per second, and their latency from commit to Kafka's
+-- acknowledgement (50th and 99th percentiles), read from the publisher's
+-- shared memory: src/metrics.c says exactly what is measured.  At most 64
+-- topics a minute are told apart; the others count as one row, '(other
+-- topics)'.  outbox_status joins it, so a monitoring role needs its EXECUTE.
+CREATE FUNCTION outbox_topic_metrics(
+    OUT topic text,
+    OUT sent_last_minute bigint,
+    OUT sent_per_second double precision,
+    OUT latency_p50 interval,
+    OUT latency_p99 interval)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_topic_metrics'
+LANGUAGE C STRICT VOLATILE;
+
+REVOKE EXECUTE ON FUNCTION outbox_topic_metrics() FROM PUBLIC;
+
 -- One row per topic that has messages waiting, retrying, delayed, kept as
--- sent, or dead-lettered.  A delayed message (outbox_enqueue()'s
+-- sent, or dead-lettered, or messages acknowledged in the last minute
+-- (outbox_topic_metrics()).  A delayed message (outbox_enqueue()'s
 -- deliver_after or deliver_at) waits as a retry does, holding back the later
 -- messages of its key, until its time comes: it is a 'retrying' row not yet
 -- attempted.  oldest_waiting_age leaves it out until then, and counts from
@@ -119,8 +141,10 @@ WITH outbox AS (
     SELECT topic, pg_catalog.count(*) AS dead_letters, pg_catalog.max(failed_at) AS last_failed_at
     FROM outbox_dead_letter
     GROUP BY topic
+), metrics AS (
+    SELECT * FROM outbox_topic_metrics()
 )
-SELECT coalesce(o.topic, d.topic)           AS topic,
+SELECT coalesce(o.topic, d.topic, m.topic)  AS topic,
        coalesce(o.waiting, 0::bigint)       AS waiting,
        coalesce(o.retrying, 0::bigint)      AS retrying,
        o.oldest_waiting_age,
@@ -128,7 +152,39 @@ SELECT coalesce(o.topic, d.topic)           AS topic,
        coalesce(o.sent_retained, 0::bigint) AS sent_retained,
        o.last_sent_at,
        d.last_failed_at,
-       coalesce(o.delayed, 0::bigint)       AS delayed
+       coalesce(o.delayed, 0::bigint)       AS delayed,
+       coalesce(m.sent_last_minute, 0::bigint)          AS sent_last_minute,
+       coalesce(m.sent_per_second, 0::double precision) AS sent_per_second,
+       m.latency_p50,
+       m.latency_p99
 FROM outbox o FULL JOIN dead d ON o.topic OPERATOR(pg_catalog.=) d.topic
+FULL JOIN metrics m ON m.topic OPERATOR(pg_catalog.=) coalesce(o.topic, d.topic)
 ORDER BY 1;
+
+-- A role that could read outbox_status (a monitoring role) needs EXECUTE on
+-- outbox_topic_metrics() to read it now: it gets it, and the function's
+-- initial privileges (pg_init_privs, what pg_dump compares with) are set to
+-- what a fresh install records, so that pg_dump dumps those grants.
+DO $metrics_grants$
+DECLARE
+    metrics_function regprocedure := '@extschema@.outbox_topic_metrics()'::regprocedure;
+    initial aclitem[];
+    grants record;
+BEGIN
+    SELECT proacl INTO initial FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) metrics_function;
+    FOR grants IN SELECT DISTINCT a.grantee
+                    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                   WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.outbox_status'::pg_catalog.regclass
+                     AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+                     AND a.grantee OPERATOR(pg_catalog.<>) c.relowner LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', metrics_function,
+                                  CASE WHEN grants.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                       ELSE grants.grantee::regrole::text END);
+    END LOOP;
+    UPDATE pg_catalog.pg_init_privs SET initprivs = initial
+     WHERE objoid OPERATOR(pg_catalog.=) metrics_function
+       AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND objsubid OPERATOR(pg_catalog.=) 0;
+END
+$metrics_grants$;
 

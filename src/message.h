@@ -49,7 +49,16 @@ timestamptz_of_unix_epoch_ms(int64 ms)
  */
 #define CLAIMED_COLUMNS \
 	"m.id, m.message_id::text, m.topic, m.key, m.payload, m.headers," \
-	" m.created_at, m.attempts, " TARGET_PARTITION_VALUE ", m.state = 'retrying'"
+	" m.created_at, m.attempts, " TARGET_PARTITION_VALUE ", m.state = 'retrying'," \
+	CLAIMED_METRICS_COLUMNS
+
+/*
+ * What the metrics (metrics.c) need to tell when a message's latency
+ * starts: the inserting transaction, and for a delayed message (retrying,
+ * never attempted) the time it was due.
+ */
+#define CLAIMED_METRICS_COLUMNS \
+	" m.xmin, CASE WHEN m.state = 'retrying' AND m.attempts = 0 THEN m.next_attempt_at END"
 
 typedef enum ClaimedColumn
 {
@@ -62,7 +71,9 @@ typedef enum ClaimedColumn
 	Anum_claimed_created_at,
 	Anum_claimed_attempts,
 	Anum_claimed_target_partition,
-	Anum_claimed_waited
+	Anum_claimed_waited,
+	Anum_claimed_xmin,
+	Anum_claimed_due_at
 } ClaimedColumn;
 
 /* A message's target partition when it names none: the partitioner's choice. */
@@ -93,6 +104,7 @@ typedef struct OutboxMessage
 	int32		target_partition;	/* the partition it must go to, or ANY_PARTITION */
 	bool		waited;			/* claimed as 'retrying': a retry, or a delayed
 								 * message, which may hold back its key */
+	TimestampTz latency_from;	/* when its commit-to-ack latency starts (metrics.c) */
 
 	DeliveryOutcome outcome;
 	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * outbox.c
- *	  Loading the outbox library: its settings, its shared memory, the
- *	  commit-time wake, the hooks on statements about databases, and the
- *	  launcher, which starts the other background workers.
+ *	  Loading the outbox library: its settings, its shared memory (the
+ *	  workers' slots, the metrics), the commit-time wake, the hooks on
+ *	  statements about databases, and the launcher, which starts the other
+ *	  background workers.
  *
  * The library must be in shared_preload_libraries: its workers are
  * background workers and their slots live in shared memory.
@@ -19,6 +20,7 @@
 #include "serving.h"
 #include "enqueue.h"
 #include "key_lock.h"
+#include "metrics.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -41,6 +43,7 @@ _PG_init(void)
 
 	settings_init();
 	worker_slots_init();
+	metrics_init();
 	enqueue_init();
 	key_lock_init();
 	serving_init();

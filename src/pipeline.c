@@ -53,6 +53,7 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
+#include "metrics.h"
 #include "pipeline.h"
 #include "producer.h"
 #include "settings.h"
@@ -397,11 +398,13 @@ hold_back_behind_failures(Batch *batch)
 
 /*
  * Report a settled batch's first failure, record its outcomes and count
- * them.  The report comes first, so that an error in recording them, which
- * store_record_outcomes() reports, is the one outbox_worker shows.
+ * them, for outbox_worker and, with their latency to acked_at, for
+ * outbox_status (metrics.c).  The report comes first, so that an error in
+ * recording them, which store_record_outcomes() reports, is the one
+ * outbox_worker shows.
  */
 static void
-record_outcomes(Pipeline *p, Batch *batch)
+record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
 {
 	RecordedOutcomes recorded;
 
@@ -420,6 +423,7 @@ record_outcomes(Pipeline *p, Batch *batch)
 	p->claim_again |= recorded.floor_lowered;
 	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
 						  recorded.dead_lettered);
+	metrics_count_deliveries(batch->messages, batch->count, acked_at);
 }
 
 /*
@@ -432,10 +436,12 @@ static void
 settle_batch(Pipeline *p, Batch *batch, Oid extension)
 {
 	bool		healthy;
+	TimestampTz acked_at;
 
 	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
 	healthy = producer_await_deliveries(p->producer);
 	healthy = produce_alone_refused_for_size(p->producer, batch, healthy);
+	acked_at = GetCurrentTimestamp();	/* every report of the batch is in */
 	hold_back_behind_failures(batch);
 	if (!healthy || producer_failed_fatally(p->producer))
 	{
@@ -443,7 +449,7 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension)
 		p->producer = NULL;
 	}
 	if (batch->extension == extension)
-		record_outcomes(p, batch);
+		record_outcomes(p, batch, acked_at);
 	batch->state = BATCH_SETTLED;
 }
 

@@ -40,6 +40,7 @@
 
 #include "inbox.h"
 #include "launcher.h"
+#include "metrics.h"
 #include "pipeline.h"
 #include "segment.h"
 #include "settings.h"
@@ -250,6 +251,7 @@ outbox_publisher_main(Datum main_arg)
 		proc_exit(0);			/* asked for by a launcher before this one */
 	my_slot = DatumGetInt32(main_arg);
 	my_database = database;
+	metrics_attach(my_slot, database);
 	connect_to_database(database);
 	/* after a restart, the launcher learns here of the database's subscriptions */
 	if (inbox_subscriptions_exist())

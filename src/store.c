@@ -31,6 +31,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "metrics.h"
 #include "settings.h"
 #include "statements.h"
 #include "store.h"
@@ -312,6 +313,8 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	bool		isnull;
 	Datum		d;
 	bytea	   *payload;
+	TimestampTz created_at;
+	TransactionId xmin;
 
 	MemSet(m, 0, sizeof(OutboxMessage));
 	m->id = DatumGetInt64(SPI_getbinval(tuple, desc, Anum_claimed_id, &isnull));
@@ -328,12 +331,16 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	}
 	d = SPI_getbinval(tuple, desc, Anum_claimed_headers, &isnull);
 	m->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
-	d = SPI_getbinval(tuple, desc, Anum_claimed_created_at, &isnull);
-	m->timestamp_ms = unix_epoch_ms(DatumGetTimestampTz(d));
+	created_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, Anum_claimed_created_at, &isnull));
+	m->timestamp_ms = unix_epoch_ms(created_at);
 	m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, Anum_claimed_attempts, &isnull));
 	d = SPI_getbinval(tuple, desc, Anum_claimed_target_partition, &isnull);
 	m->target_partition = isnull ? ANY_PARTITION : DatumGetInt32(d);
 	m->waited = DatumGetBool(SPI_getbinval(tuple, desc, Anum_claimed_waited, &isnull));
+	xmin = DatumGetTransactionId(SPI_getbinval(tuple, desc, Anum_claimed_xmin, &isnull));
+	d = SPI_getbinval(tuple, desc, Anum_claimed_due_at, &isnull);
+	m->latency_from = metrics_latency_start(xmin, created_at, m->attempts,
+											isnull ? DT_NOBEGIN : DatumGetTimestampTz(d));
 }
 
 /*

@@ -19,6 +19,8 @@ DEBIAN_PACKAGES=(
     build-essential postgresql-15 postgresql-server-dev-15 librdkafka-dev
     kcat python3-confluent-kafka python3-psycopg2 libipc-run-perl
     default-jre-headless maven
+    # test/t/117_prometheus.pl: the exporter it runs, and its reader of monitoring/queries.yaml
+    prometheus-postgres-exporter libyaml-libyaml-perl
 )
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -42,6 +44,12 @@ install_dependencies() {
         step "installing Debian packages: ${missing[*]}"
         apt-get update -q >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+        # The exporter's package starts a service of its own (on port 9187,
+        # for the local server); the test runs a private one.
+        if printf '%s\n' "${missing[@]}" | grep -qx prometheus-postgres-exporter &&
+            [ -d /run/systemd/system ]; then
+            systemctl disable --now prometheus-postgres-exporter >&2 || true
+        fi
     fi
     # Debian's postgresql package starts a cluster of its own; ours are private.
     step "fetching Apache Kafka from Maven Central (cached after the first run)"

@@ -18,7 +18,7 @@ GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
 -- the monitoring role
 CREATE ROLE outbox_monitor;
 GRANT SELECT ON outbox_status, outbox_worker, outbox_launcher TO outbox_monitor;
-GRANT EXECUTE ON FUNCTION outbox_worker_status(), outbox_launcher_status() TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox_worker_status(), outbox_launcher_status(), outbox_topic_metrics() TO outbox_monitor;
 -- a member of pg_monitor, which the extension grants nothing
 CREATE ROLE outbox_pg_monitor IN ROLE pg_monitor;
 -- the operator who requeues and discards dead letters
@@ -53,6 +53,8 @@ SELECT * FROM outbox_worker_status();
 SELECT * FROM outbox_launcher;
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM outbox_launcher_status();
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_topic_metrics();
 \echo :LAST_ERROR_SQLSTATE
 -- nor attach the trigger function to a table of its own
 CREATE TEMP TABLE look_alike (topic text, key text, payload bytea, headers jsonb, state text, id bigint);
@@ -104,7 +106,9 @@ SELECT topic, key, encode(payload, 'escape') AS payload, headers, state, attempt
 -- The monitoring role reads the views, which show no payload, key or
 -- header, and nothing else.
 SET ROLE outbox_monitor;
-SELECT topic, waiting, retrying, dead_letters FROM outbox_status;
+SELECT topic, waiting, retrying, dead_letters, sent_last_minute, sent_per_second,
+       latency_p50, latency_p99 FROM outbox_status;
+SELECT * FROM outbox_topic_metrics();
 SELECT worker_id, database, state IS NOT NULL AS has_state FROM outbox_worker;
 SELECT max_workers, workers FROM outbox_launcher;
 SELECT payload FROM outbox_message;
@@ -127,6 +131,8 @@ SELECT * FROM outbox_worker;
 SELECT * FROM outbox_worker_status();
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM outbox_launcher;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM outbox_topic_metrics();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 SELECT attrelid::regclass AS view, string_agg(attname, ', ' ORDER BY attnum) AS columns

@@ -16,7 +16,9 @@ VALUES (1, gen_random_uuid(), 'c', 'x', 1, now(), 'Broker: Message size too larg
 SELECT topic, waiting, retrying, oldest_waiting_age IS NOT NULL AS has_age,
        oldest_waiting_age >= interval '0' AS age_not_negative,
        dead_letters, sent_retained, last_sent_at IS NOT NULL AS has_last_sent,
-       last_failed_at IS NOT NULL AS has_last_failed
+       last_failed_at IS NOT NULL AS has_last_failed,
+       -- nothing delivered here: no figures of the last minute
+       sent_last_minute, sent_per_second, latency_p50 IS NULL AND latency_p99 IS NULL AS no_latency
   FROM outbox_status;
 
 -- the worker runs here, pointed at a port where no broker listens: wait

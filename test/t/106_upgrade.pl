@@ -13,11 +13,13 @@
 # intact and a dead letter can be requeued and is delivered; new ids are
 # above every old one; an application role granted INSERT on the outbox
 # may still insert; the trigger function is not executable by PUBLIC and
-# pg_monitor is granted nothing.  And the inbox works in the upgraded
-# database: a plain role granted EXECUTE on inbox_subscribe() subscribes a
-# handler of its own to a new topic, and the messages the database then
-# enqueues are applied by the handler once each, as that role, with no lag
-# left.
+# pg_monitor is granted nothing; a monitoring role granted SELECT on
+# outbox_status still reads it, its rate and latency included, and pg_dump
+# dumps its grant on the function behind them.  And the inbox works in the
+# upgraded database: a plain role granted EXECUTE on inbox_subscribe()
+# subscribes a handler of its own to a new topic, and the messages the
+# database then enqueues are applied by the handler once each, as that
+# role, with no lag left.
 use strict;
 use warnings;
 
@@ -43,7 +45,9 @@ $node->safe_psql('postgres', qq{
 	CREATE ROLE app LOGIN;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
 	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;
-	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb) TO app;});
+	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb) TO app;
+	CREATE ROLE monitor LOGIN;
+	GRANT SELECT ON outbox_status TO monitor;});
 
 my $fine = unique_topic("upgrade.$name.fine");
 kafka_admin('create-topic', $fine);
@@ -96,7 +100,9 @@ $node->safe_psql('fresh', q{
 	CREATE EXTENSION outbox;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
 	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;
-	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;});
+	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;
+	GRANT SELECT ON outbox_status TO monitor;
+	GRANT EXECUTE ON FUNCTION outbox_topic_metrics() TO monitor;});
 # Every object of the extension, and what it is made of: the relations
 # (tables, segments, sequences, views, and the composite types' own
 # relations), their columns, constraints, indexes, triggers (but the
@@ -194,6 +200,13 @@ IPC::Run::run([ 'pg_dump', '--schema-only', '-d', $node->connstr('postgres') ], 
 like($dump,
 	qr/^GRANT ALL ON FUNCTION public\.outbox_enqueue\(topic text, payload text,.*\) TO app;$/m,
 	"$from: pg_dump dumps that grant");
+
+# A role that could read outbox_status still can: it is granted the
+# function behind the view's rate and latency, and pg_dump dumps that.
+is($node->safe_psql('postgres', 'SET ROLE monitor; SELECT count(*) > 0 FROM outbox_status'), 't',
+	"$from: the role granted SELECT on outbox_status still reads it");
+like($dump, qr/^GRANT ALL ON FUNCTION public\.outbox_topic_metrics\(.*\) TO monitor;$/m,
+	"$from: pg_dump dumps its grant on outbox_topic_metrics()");
 
 # New messages get ids above every old one, both ways in, and the
 # application role enqueues to a partition of its choice.
