@@ -203,7 +203,10 @@ ok($rate >= 41 / 60 && $rate <= 41 / 50, "outbox_status_sent_per_second is 41 ov
 my ($p50, $p99) = map { value_of("outbox_status_latency_${_}_seconds", %orders) } ('p50', 'p99');
 ok($p50 > 0 && $p50 < 5 && $p99 >= $p50 && $p99 < 5, "latency per topic: p50 $p50 s, p99 $p99 s");
 is(value_of('outbox_status_delayed', %orders), '1', 'outbox_status_delayed: the delayed message');
-ok(value_of('outbox_status_oldest_waiting_age_seconds', %orders) > 0, 'which is the oldest waiting');
+is(value_of('outbox_status_oldest_waiting_age_seconds', %orders), '0',
+	'which does not count as waiting before its time');
+ok(value_of('outbox_status_oldest_waiting_age_seconds', %db, topic => $stale) > 0,
+	'outbox_status_oldest_waiting_age_seconds: the retrying message has waited');
 is(value_of('outbox_status_dead_letters', %db, topic => $small), '1', 'outbox_status_dead_letters: 1 for the refusing topic');
 is(value_of('outbox_status_retrying', %db, topic => $stale), '1', 'outbox_status_retrying: 1 for the stale topic');
 is(value_of('outbox_status_latency_p50_seconds', %db, topic => $stale), 'NaN',
