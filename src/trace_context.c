@@ -18,8 +18,9 @@
  *    fail.
  *
  * A message's own headers win over both: outbox_enqueue(..., headers =>
- * '{"traceparent": ...}') keeps what it names.  tracestate travels only
- * with a traceparent, as W3C says it must.
+ * '{"traceparent": ...}') keeps what it names, and gets no tracestate from
+ * either (a tracestate belongs to the traceparent it came with, as W3C
+ * says; outbox_capture() names the one of a row's span context).
  *
  *-------------------------------------------------------------------------
  */
@@ -265,10 +266,19 @@ push_header(JsonbParseState **state, const char *name, const char *value)
 	pushJsonbValue(state, WJB_VALUE, &v);
 }
 
+/* Do the headers name a traceparent of their own? */
+static bool
+names_traceparent(Jsonb *headers)
+{
+	return headers != NULL &&
+		DatumGetBool(DirectFunctionCall2(jsonb_exists, JsonbPGetDatum(headers),
+										 CStringGetTextDatum(TRACEPARENT_HEADER)));
+}
+
 /*
  * The headers of a message enqueued now: its own, with the trace context's
- * traceparent and tracestate added where they name none.  Returns headers
- * itself (NULL for none) when there is no trace context.
+ * traceparent and tracestate added unless they name a traceparent.
+ * Returns headers itself (NULL for none) when there is no trace context.
  */
 Jsonb *
 trace_context_add_headers(Jsonb *headers)
@@ -279,6 +289,8 @@ trace_context_add_headers(Jsonb *headers)
 	JsonbValue *object;
 	Jsonb	   *context;
 
+	if (names_traceparent(headers))
+		return headers;
 	if (outbox_traceparent && outbox_traceparent[0] != '\0')
 	{
 		traceparent = outbox_traceparent;
@@ -297,7 +309,7 @@ trace_context_add_headers(Jsonb *headers)
 	context = JsonbValueToJsonb(object);
 	if (headers == NULL)
 		return context;
-	/* the right side wins: what the message names is kept */
+	/* the right side wins: a tracestate the message names is kept */
 	return DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(context),
 											  JsonbPGetDatum(headers)));
 }
