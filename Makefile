@@ -10,6 +10,9 @@ DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
+	src/capture.o \
+	src/capture_row.o \
+	src/capture_settings.o \
 	src/enqueue.o \
 	src/inbox_apply.o \
 	src/inbox_consumer.o \
@@ -57,7 +60,7 @@ SHLIB_LINK = -lrdkafka
 #                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
 #                            KAFKA_PORT); each makes its own clusters.
 #                            PROVE_TESTS=test/t/001_publish.pl runs one.
-REGRESS = surface refused dead_letter views privileges settings databases delivery
+REGRESS = surface refused dead_letter views privileges settings databases delivery capture
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION = enqueue_rollback key_locks row_writer

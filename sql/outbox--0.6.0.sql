@@ -635,3 +635,67 @@ REVOKE EXECUTE ON FUNCTION
     inbox_discard(bigint),
     inbox_worker_status()
 FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Debezium outbox compatibility: outbox_capture().
+--
+-- An application written for Debezium's outbox inserts its events into a
+-- table of its own (id, aggregatetype, aggregateid, type, payload, ...),
+-- which Debezium's EventRouter publishes.  outbox_capture(tbl, settings)
+-- makes this extension publish the table's inserts instead, in the
+-- inserting transaction, as EventRouter would route them; the settings are
+-- EventRouter's option names (see the README).  It creates the row trigger
+-- outbox_capture on the table, which enqueues a message for each inserted
+-- row as outbox_enqueue() would.
+-- ---------------------------------------------------------------------------
+
+-- The captured tables and the settings each was captured with, as given.
+-- By regclass, so that pg_dump writes (and a restore reads) the table's
+-- name.  Written by outbox_capture() and outbox_uncapture() only, as the
+-- extension's owner; granted to no one.  A table dropped since is
+-- forgotten at the next call of either, and never dumped.
+CREATE TABLE outbox_captured (
+    tbl          regclass PRIMARY KEY,
+    settings     jsonb NOT NULL
+                 CHECK (pg_catalog.jsonb_typeof(settings) OPERATOR(pg_catalog.=) 'object'),
+    captured_at  timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
+COMMENT ON TABLE outbox_captured IS
+    'Tables whose inserts are published as Debezium''s EventRouter would: see outbox_capture() and outbox_uncapture()';
+
+SELECT pg_catalog.pg_extension_config_dump('outbox_captured',
+    'WHERE EXISTS (SELECT FROM pg_catalog.pg_class r WHERE r.oid OPERATOR(pg_catalog.=) tbl)');
+
+-- Not SECURITY DEFINER: each checks that its caller owns the table, then
+-- writes outbox_captured and creates or drops the trigger as the
+-- extension's owner.  No EXECUTE for PUBLIC: a role needs a grant.
+CREATE FUNCTION outbox_capture(tbl regclass, settings jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'outbox_capture'
+LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION outbox_capture(regclass, jsonb) IS
+    'Publish the inserts of a Debezium outbox table as EventRouter would, with its options as settings; returns every setting as it applies';
+
+CREATE FUNCTION outbox_uncapture(tbl regclass)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'outbox_uncapture'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION outbox_uncapture(regclass) IS
+    'Stop publishing the inserts of a table outbox_capture() captured; returns whether it was captured';
+
+-- The trigger outbox_capture() creates.  It fires only on a table
+-- outbox_captured lists; no EXECUTE for PUBLIC, so that no other role
+-- creates a trigger with it.
+CREATE FUNCTION outbox_capture_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_capture_trigger'
+LANGUAGE C;
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_capture(regclass, jsonb),
+    outbox_uncapture(regclass),
+    outbox_capture_trigger()
+FROM PUBLIC;

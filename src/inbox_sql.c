@@ -132,18 +132,9 @@ static int
 run_as_owner(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
 {
 	const char *schema = extension_schema_quoted;
-	Oid			saved_user;
-	int			saved_context;
-	int			rc;
 
-	GetUserIdAndSecContext(&saved_user, &saved_context);
-	SetUserIdAndSecContext(extension_owner, saved_context | SECURITY_LOCAL_USERID_CHANGE);
-	rc = SPI_execute_with_args(psprintf(sql, schema, schema, schema, schema), nargs, types,
-							   values, nulls, false, 0);
-	SetUserIdAndSecContext(saved_user, saved_context);
-	if (rc < 0)
-		elog(ERROR, "outbox: an inbox statement failed: %s", SPI_result_code_string(rc));
-	return rc;
+	return statement_run_as(extension_owner, psprintf(sql, schema, schema, schema, schema),
+							nargs, types, values, nulls);
 }
 
 /* Refuse unless the caller may act for the role (is it, a member, or a superuser). */

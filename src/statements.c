@@ -6,7 +6,8 @@
  *	  schema (SPI_keepplan()), again if the extension is dropped and created
  *	  anew.  Callers run inside a transaction with SPI connected.  And what
  *	  runs in a subtransaction of its own, so that its failure undoes only
- *	  its own work.
+ *	  its own work; and, for the SQL functions that write the extension's
+ *	  tables for their caller, a statement run as the extension's owner.
  *
  *-------------------------------------------------------------------------
  */
@@ -18,6 +19,7 @@
 #include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -56,6 +58,32 @@ extension_namespace(Oid *extension, Oid *owner)
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return namespace;
+}
+
+/*
+ * Run one statement through SPI, connected by the caller, as role: the
+ * extension's owner, for a function that has checked who calls it and
+ * writes the extension's tables, which are granted to no one.  Returns
+ * SPI's result code; the rows, if any, are in SPI_tuptable until
+ * SPI_finish().  An error of the statement is raised as it is, and the
+ * role is put back by the (sub)transaction's abort.
+ */
+int
+statement_run_as(Oid role, const char *sql, int nargs, Oid *types, Datum *values,
+				 const char *nulls)
+{
+	Oid			saved_user;
+	int			saved_context;
+	int			rc;
+
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	SetUserIdAndSecContext(role, saved_context | SECURITY_LOCAL_USERID_CHANGE);
+	rc = SPI_execute_with_args(sql, nargs, types, values, nulls, false, 0);
+	SetUserIdAndSecContext(saved_user, saved_context);
+	if (rc < 0)
+		elog(ERROR, "outbox: a statement as the extension's owner failed: %s",
+			 SPI_result_code_string(rc));
+	return rc;
 }
 
 /* Has the outbox of this schema the column target_partition (0.6.0 on)? */

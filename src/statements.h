@@ -60,6 +60,8 @@ extern void statements_forget(StatementSet *set);
 extern int	statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls,
 						  int expected);
 extern Datum statement_array(Datum *elements, int count, Oid type);
+extern int	statement_run_as(Oid role, const char *sql, int nargs, Oid *types, Datum *values,
+							 const char *nulls);
 extern ErrorData *run_in_subtransaction(void (*run) (void *arg), void *arg);
 
 #endif							/* OUTBOX_STATEMENTS_H */

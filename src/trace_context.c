@@ -283,8 +283,8 @@ names_traceparent(Jsonb *headers)
 
 /*
  * The headers of a message enqueued now: its own, with the trace context's
- * traceparent and tracestate added where they name none.  Returns headers
- * itself (NULL for none) when there is no trace context.
+ * traceparent and tracestate added unless they name a traceparent.
+ * Returns headers itself (NULL for none) when there is no trace context.
  */
 Jsonb *
 trace_context_add_headers(Jsonb *headers)
@@ -295,6 +295,8 @@ trace_context_add_headers(Jsonb *headers)
 	JsonbValue *object;
 	Jsonb	   *context;
 
+	if (names_traceparent(headers))
+		return headers;
 	if (outbox_traceparent && outbox_traceparent[0] != '\0')
 	{
 		traceparent = outbox_traceparent;
@@ -313,7 +315,7 @@ trace_context_add_headers(Jsonb *headers)
 	context = JsonbValueToJsonb(object);
 	if (headers == NULL)
 		return context;
-	/* the right side wins: what the message names is kept */
+	/* the right side wins: a tracestate the message names is kept */
 	return DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(context),
 											  JsonbPGetDatum(headers)));
 }

@@ -69,3 +69,16 @@ SELECT pg_get_expr(adbin, adrelid) AS message_id_default
 FROM pg_attrdef
 WHERE adrelid = 'outbox_message'::regclass
   AND adnum = (SELECT attnum FROM pg_attribute WHERE attrelid = 'outbox_message'::regclass AND attname = 'message_id');
+
+-- the transaction's trace context (outbox.traceparent and outbox.tracestate)
+-- goes into a message's headers, unless they name a traceparent of their
+-- own: then none of it is added, as a tracestate belongs to its traceparent
+BEGIN;
+SET LOCAL outbox.traceparent = '00-11111111111111111111111111111111-2222222222222222-01';
+SET LOCAL outbox.tracestate = 'session=1';
+SELECT outbox_enqueue('traced', 'a'::text) AS session_traced \gset
+SELECT outbox_enqueue('traced', 'b'::text,
+                      headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}') AS own_traced \gset
+SELECT id = :session_traced AS session_context, headers FROM outbox_message
+ WHERE id IN (:session_traced, :own_traced) ORDER BY id;
+ROLLBACK;
