@@ -511,25 +511,6 @@ row_span_context(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 	return context;
 }
 
-static void
-push_header(JsonbParseState **state, const char *name, const char *value)
-{
-	JsonbValue	v;
-
-	v.type = jbvString;
-	v.val.string.val = (char *) name;
-	v.val.string.len = strlen(name);
-	pushJsonbValue(state, WJB_KEY, &v);
-	if (value == NULL)
-		v.type = jbvNull;
-	else
-	{
-		v.val.string.val = (char *) value;
-		v.val.string.len = strlen(value);
-	}
-	pushJsonbValue(state, WJB_VALUE, &v);
-}
-
 static bool
 header_placed(const CaptureSettings *s, const char *name)
 {
@@ -551,7 +532,7 @@ row_headers(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 	SpanContext context = row_span_context(s, tuple, desc);
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	push_header(&state, "id", id.isnull ? NULL : value_text(id));
+	headers_push(&state, "id", id.isnull ? NULL : value_text(id));
 	for (int i = 0; i < s->num_fields; i++)
 	{
 		const AdditionalField *field = &s->fields[i];
@@ -560,13 +541,13 @@ row_headers(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 		if (field->placement != PLACEMENT_HEADER)
 			continue;
 		v = column_value(tuple, desc, &field->column);
-		push_header(&state, field->alias, v.isnull ? NULL : header_text(v));
+		headers_push(&state, field->alias, v.isnull ? NULL : header_text(v));
 	}
 	if (context.traceparent && !header_placed(s, TRACEPARENT_HEADER))
 	{
-		push_header(&state, TRACEPARENT_HEADER, context.traceparent);
+		headers_push(&state, TRACEPARENT_HEADER, context.traceparent);
 		if (context.tracestate && !header_placed(s, TRACESTATE_HEADER))
-			push_header(&state, TRACESTATE_HEADER, context.tracestate);
+			headers_push(&state, TRACESTATE_HEADER, context.tracestate);
 	}
 	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
 }

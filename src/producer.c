@@ -85,10 +85,16 @@ struct OutboxProducer
  * but not acknowledged (a broker killed mid-request), would be produced
  * anew when claimed again, and published twice.  The batch in flight then
  * waits out an outage of any length, as the worker would anyway: it claims
- * nothing while the brokers do not answer.
+ * nothing while the brokers do not answer.  A key goes to the partition a
+ * Java producer (Kafka Connect and so Debezium, Kafka Streams) sends it
+ * to, murmur2 of the key, not librdkafka's default CRC32: so that a key
+ * stays in its partition when an application moves from Debezium to the
+ * outbox, and a topic the outbox writes is partitioned as the topics Java
+ * clients write that consumers join it with.
  */
 static const char *const default_properties[][2] = {
 	{"client.id", "postgresql-outbox"},
+	{"partitioner", "murmur2_random"},
 	{MESSAGE_TIMEOUT_PROPERTY, "0"},
 	{"reconnect.backoff.max.ms", "1000"},
 	{"linger.ms", "1"},

@@ -253,8 +253,12 @@ statement_comment_context(const char **traceparent, const char **tracestate)
 	*tracestate = comment_tracestate;
 }
 
-static void
-push_header(JsonbParseState **state, const char *name, const char *value)
+/*
+ * Push one header, name and value (NULL for a null value), into headers
+ * being built as a jsonb object.
+ */
+void
+headers_push(JsonbParseState **state, const char *name, const char *value)
 {
 	JsonbValue	v;
 
@@ -262,8 +266,13 @@ push_header(JsonbParseState **state, const char *name, const char *value)
 	v.val.string.val = (char *) name;
 	v.val.string.len = strlen(name);
 	pushJsonbValue(state, WJB_KEY, &v);
-	v.val.string.val = (char *) value;
-	v.val.string.len = strlen(value);
+	if (value == NULL)
+		v.type = jbvNull;
+	else
+	{
+		v.val.string.val = (char *) value;
+		v.val.string.len = strlen(value);
+	}
 	pushJsonbValue(state, WJB_VALUE, &v);
 }
 
@@ -308,9 +317,9 @@ trace_context_add_headers(Jsonb *headers)
 		return headers;
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	push_header(&state, TRACEPARENT_HEADER, traceparent);
+	headers_push(&state, TRACEPARENT_HEADER, traceparent);
 	if (tracestate)
-		push_header(&state, TRACESTATE_HEADER, tracestate);
+		headers_push(&state, TRACESTATE_HEADER, tracestate);
 	object = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
 	context = JsonbValueToJsonb(object);
 	if (headers == NULL)

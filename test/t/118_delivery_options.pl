@@ -1,6 +1,7 @@
 # outbox_enqueue()'s partition, deliver_after and deliver_at, and the trace
 # context, as a consumer sees them in Kafka:
 #
+# - a key goes to the partition a Java producer sends it to (murmur2);
 # - partition => n puts the record in partition n, whatever its key; a
 #   partition the topic has not is dead-lettered at once with librdkafka's
 #   reason, holds up no later message of its key, and once the topic has the
@@ -16,6 +17,7 @@ use warnings;
 
 use OutboxTest;
 use PostgreSQL::Test::Utils;
+use IPC::Run;
 use Test::More;
 
 # A poll interval longer than every deadline below: a delayed message
@@ -23,6 +25,39 @@ use Test::More;
 my $node = outbox_node('delivery_options', conf => join("\n",
 		"outbox.poll_interval = '5min'",
 		"outbox.sent_retention = '1h'"));
+
+# The partition of each key for a Java producer's default partitioner:
+# toPositive(murmur2(key)) % partitions, as Kafka's Utils computes it.
+sub java_partitions
+{
+	my ($partitions, @keys) = @_;
+	my $murmur2 = <<'PY';
+import sys
+def murmur2(data):
+    m, r = 0x5bd1e995, 24
+    h = (0x9747b28c ^ len(data)) & 0xffffffff
+    whole = len(data) // 4 * 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(data[i:i + 4], 'little') * m) & 0xffffffff
+        k = ((k ^ (k >> r)) * m) & 0xffffffff
+        h = ((h * m) & 0xffffffff) ^ k
+    tail = data[whole:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if len(tail) >= 1:
+        h = ((h ^ tail[0]) * m) & 0xffffffff
+    h = ((h ^ (h >> 13)) * m) & 0xffffffff
+    return h ^ (h >> 15)
+for key in sys.argv[2:]:
+    print(key, (murmur2(key.encode()) & 0x7fffffff) % int(sys.argv[1]))
+PY
+	my ($out, $err);
+	IPC::Run::run([ '/usr/bin/python3', '-c', $murmur2, $partitions, @keys ], '>', \$out, '2>', \$err)
+	  or die "murmur2: $err";
+	return map { split / / } split /\n/, $out;
+}
 
 sub headers_of
 {
@@ -48,6 +83,10 @@ $key_partitions{ $_->{key} }{ $_->{partition} } = 1 for grep { $_->{value} =~ /^
 ok(scalar(grep { keys %{ $key_partitions{$_} } == 1 } keys %key_partitions) == 6
 	  && scalar(keys %{ { map { (keys %{ $key_partitions{$_} }) => 1 } keys %key_partitions } }) > 1,
 	'the others go by key: one partition per key, and not all in one');
+my %java = java_partitions(3, keys %key_partitions);
+is(join(',', map { "$_:" . join('', keys %{ $key_partitions{$_} }) } sort keys %key_partitions),
+	join(',', map { "$_:$java{$_}" } sort keys %java),
+	'each key in the partition a Java producer (Kafka Connect, Debezium) sends it to: murmur2');
 ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$partitioned'", '1', 30),
 	'the message to partition 7 is dead-lettered');
 is($node->safe_psql('postgres', qq{
