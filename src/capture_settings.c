@@ -277,8 +277,7 @@ check_topic_replacement(const char *replacement)
 		refuse_value("route.topic.replacement", psprintf("at most %d characters besides ${routedByValue}",
 														 KAFKA_MAX_TOPIC_LENGTH));
 	for (const char *c = fixed; *c; c++)
-		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
-			  (*c >= '0' && *c <= '9') || *c == '.' || *c == '_' || *c == '-'))
+		if (!kafka_topic_char(*c))
 			refuse_value("route.topic.replacement",
 						 "a Kafka topic name (ASCII letters, digits, \".\", \"_\" and \"-\") "
 						 "in which ${routedByValue} stands for the value of route.by.field");

@@ -36,6 +36,7 @@
 #include "row_writer.h"
 #include "serving.h"
 #include "settings.h"
+#include "statements.h"
 #include "trace_context.h"
 #include "worker_slot.h"
 
@@ -137,10 +138,7 @@ check_kafka_topic(const char *what, text *topic)
 				 errhint("Kafka does not allow the topic names \".\" and \"..\".")));
 	for (int i = 0; i < len; i++)
 	{
-		char		c = s[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+		if (!kafka_topic_char(s[i]))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s topic \"%.*s\" is not a valid Kafka topic name", what, len, s),
@@ -277,11 +275,10 @@ insert_through_spi(Oid namespace, const NewMessage *message)
 	{
 		Oid			argtypes[ENQUEUE_INSERT_ARGS] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID, INT4OID, TIMESTAMPTZOID};
 		const char *schema = quote_identifier(get_namespace_name(namespace));
-		Oid			table = get_relname_relid("outbox_message", namespace);
 		char	   *sql;
 		SPIPlanPtr	plan;
 
-		if (OidIsValid(table) && get_attnum(table, "target_partition") != InvalidAttrNumber)
+		if (schema_has_target_partition(namespace))
 			sql = psprintf("INSERT INTO %s.outbox_message"
 						   " (topic, key, payload, headers, target_partition, state, next_attempt_at)"
 						   " VALUES ($1, $2, $3, $4, $5,"
@@ -384,13 +381,16 @@ enqueue_message(Oid namespace, NewMessage *message)
 static TimestampTz
 delivery_time(FunctionCallInfo fcinfo)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	TimestampTz due;
 
+	if (PG_ARGISNULL(ARG_DELIVER_AFTER) && PG_ARGISNULL(ARG_DELIVER_AT))
+		return 0;
 	if (!PG_ARGISNULL(ARG_DELIVER_AFTER) && !PG_ARGISNULL(ARG_DELIVER_AT))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox_enqueue() takes deliver_after or deliver_at, not both")));
+	now = GetCurrentTimestamp();
 	if (!PG_ARGISNULL(ARG_DELIVER_AFTER))
 	{
 		due = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
@@ -402,10 +402,8 @@ delivery_time(FunctionCallInfo fcinfo)
 					 errmsg("outbox deliver_after must not be negative"),
 					 errhint("Pass an interval of zero or more, or deliver_at.")));
 	}
-	else if (!PG_ARGISNULL(ARG_DELIVER_AT))
-		due = PG_GETARG_TIMESTAMPTZ(ARG_DELIVER_AT);
 	else
-		return 0;
+		due = PG_GETARG_TIMESTAMPTZ(ARG_DELIVER_AT);
 	if (TIMESTAMP_NOT_FINITE(due))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),

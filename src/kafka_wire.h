@@ -107,6 +107,14 @@
 /* Kafka's limit on a topic name's length. */
 #define KAFKA_MAX_TOPIC_LENGTH 249
 
+/* Does Kafka allow c in a topic name: ASCII letters, digits, '.', '_', '-'? */
+static inline bool
+kafka_topic_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		(c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+}
+
 /* The Kafka process's executable, in PostgreSQL's $libdir. */
 #define KAFKA_PROCESS_NAME "outbox_kafka"
 

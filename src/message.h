@@ -54,11 +54,11 @@ timestamptz_of_unix_epoch_ms(int64 ms)
 
 /*
  * What the metrics (metrics.c) need to tell when a message's latency
- * starts: the inserting transaction, and for a delayed message (retrying,
- * never attempted) the time it was due.
+ * starts: the inserting transaction, and when it was due (which, for a
+ * delayed message, retrying and never attempted, is its time).
  */
 #define CLAIMED_METRICS_COLUMNS \
-	" m.xmin, CASE WHEN m.state = 'retrying' AND m.attempts = 0 THEN m.next_attempt_at END"
+	" m.xmin, m.next_attempt_at"
 
 typedef enum ClaimedColumn
 {
@@ -73,7 +73,7 @@ typedef enum ClaimedColumn
 	Anum_claimed_target_partition,
 	Anum_claimed_waited,
 	Anum_claimed_xmin,
-	Anum_claimed_due_at
+	Anum_claimed_next_attempt_at
 } ClaimedColumn;
 
 /* A message's target partition when it names none: the partitioner's choice. */

@@ -87,7 +87,7 @@ statement_run_as(Oid role, const char *sql, int nargs, Oid *types, Datum *values
 }
 
 /* Has the outbox of this schema the column target_partition (0.6.0 on)? */
-static bool
+bool
 schema_has_target_partition(Oid namespace)
 {
 	Oid			table = get_relname_relid("outbox_message", namespace);
@@ -171,10 +171,11 @@ statements_find_extension(StatementSet *set)
 		return InvalidOid;
 	}
 
-	has_target_partition = schema_has_target_partition(namespace);
+	/* a schema that has the column keeps it; one that lacks it may gain it */
 	if (namespace == set->namespace && extension == set->extension &&
-		has_target_partition == set->has_target_partition)
+		(set->has_target_partition || !schema_has_target_partition(namespace)))
 		return extension;
+	has_target_partition = schema_has_target_partition(namespace);
 
 	statements_forget(set);
 	if (set->plans == NULL)

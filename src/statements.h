@@ -55,6 +55,7 @@ typedef struct StatementSet
 } StatementSet;
 
 extern Oid	extension_namespace(Oid *extension, Oid *owner);
+extern bool schema_has_target_partition(Oid namespace);
 extern Oid	statements_find_extension(StatementSet *set);
 extern void statements_forget(StatementSet *set);
 extern int	statement_run(StatementSet *set, int stmt, Datum *args, const char *nulls,

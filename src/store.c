@@ -338,9 +338,11 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	m->target_partition = isnull ? ANY_PARTITION : DatumGetInt32(d);
 	m->waited = DatumGetBool(SPI_getbinval(tuple, desc, Anum_claimed_waited, &isnull));
 	xmin = DatumGetTransactionId(SPI_getbinval(tuple, desc, Anum_claimed_xmin, &isnull));
-	d = SPI_getbinval(tuple, desc, Anum_claimed_due_at, &isnull);
+	d = SPI_getbinval(tuple, desc, Anum_claimed_next_attempt_at, &isnull);
+	/* a delayed message's latency starts at its time */
 	m->latency_from = metrics_latency_start(xmin, created_at, m->attempts,
-											isnull ? DT_NOBEGIN : DatumGetTimestampTz(d));
+											m->waited && m->attempts == 0 ?
+											DatumGetTimestampTz(d) : DT_NOBEGIN);
 }
 
 /*
