@@ -12,7 +12,7 @@
  * Only the message it makes is written as the extension's owner.
  *
  * How each part is written (README's "Capturing a Debezium outbox table"
- * has the table, test/t/120_debezium_capture.pl the record bytes):
+ * has the table, test/t/206_debezium_capture.pl the record bytes):
  *
  * - Text, as StringConverter writes a Kafka Connect string: a column's
  *   text, by its type's output function; a header's value the same, but

@@ -15,7 +15,7 @@
  * fails the insert with the same error, rather than publish without it.
  *
  * Each option's default is EventRouter's (see the README's table and
- * test/t/120_debezium_capture.pl's header for where the documentation
+ * test/t/206_debezium_capture.pl's header for where the documentation
  * says so).
  *
  *-------------------------------------------------------------------------

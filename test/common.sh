@@ -19,7 +19,7 @@ DEBIAN_PACKAGES=(
     build-essential postgresql-15 postgresql-server-dev-15 librdkafka-dev
     kcat python3-confluent-kafka python3-psycopg2 libipc-run-perl
     default-jre-headless maven
-    # test/t/117_prometheus.pl: the exporter it runs, and its reader of monitoring/queries.yaml
+    # test/t/203_prometheus.pl: the exporter it runs, and its reader of monitoring/queries.yaml
     prometheus-postgres-exporter libyaml-libyaml-perl
 )
 

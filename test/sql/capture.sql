@@ -5,7 +5,7 @@
 -- type the setting cannot use: 42804), the tables refused, the trigger
 -- refusing any table outbox_capture() did not register, and the message
 -- each captured row makes (topic, key, payload bytes, headers, partition),
--- in outbox_message: no broker here, test/t/120_debezium_capture.pl shows
+-- in outbox_message: no broker here, test/t/206_debezium_capture.pl shows
 -- what Kafka's consumers get.
 \set SHOW_CONTEXT never
 TRUNCATE outbox_message, outbox_dead_letter;

@@ -1,6 +1,6 @@
 -- outbox_enqueue()'s partition, deliver_after and deliver_at, and the trace
 -- context that goes into the headers, as the rows show them (no broker
--- here: test/t/118_delivery_options.pl shows what Kafka gets).
+-- here: test/t/204_delivery_options.pl shows what Kafka gets).
 TRUNCATE outbox_message, outbox_dead_letter;
 
 -- a partition of the caller's choice is kept with the row
