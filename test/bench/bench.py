@@ -197,7 +197,7 @@ PRESSURE = {"cpu": "CPU pressure %", "io": "I/O pressure %"}
 BACKGROUND_ACTIVITY = """
     SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint, autovacuum_count, autoanalyze_count
       FROM pg_stat_bgwriter, pg_stat_user_tables WHERE relid = 'bg_account'::regclass"""
-# Issue 13's latency targets under that background, per rate: ours p99 at
+# The latency targets under that background, per rate: ours p99 at
 # most the floor's plus "over_floor" ms, or at most "p99" ms.
 B3BG_TARGETS = {1000: {"over_floor": 5}, 10000: {"p99": 20}}
 PEERS = ("ours", "seed", "tuned")
@@ -1381,7 +1381,7 @@ class Bench:
             limit = B3BG_TARGETS[rate].get("p99") or floor["p99"] + B3BG_TARGETS[rate]["over_floor"]
             return "yes" if ours["p99"] <= limit else "no"
 
-        out += ["", "B3BG targets of issue 13 (evaluated, not asserted)"]
+        out += ["", "B3BG targets (evaluated, not asserted)"]
         rows = [("load", "ours p99 ms", "tuned p99 ms", "floor p99 ms", "ours - floor p99 ms", "target", "met")]
         for rate, by_peer in b3bg.items():
             ours, tuned, floor = (by_peer[peer] for peer in ("ours", "tuned", "floor"))

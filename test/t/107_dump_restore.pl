@@ -1,5 +1,5 @@
 # pg_dump and pg_restore keep every message, its id and its order, in each
-# path users take (issue 9 found ids handed out again after one of them):
+# path users take (a restore once handed ids out again after one of them):
 #
 #   A. pg_dump -Fc of the database, pg_restore into a new one;
 #   B. the same dump restored schema first (--schema-only), data after

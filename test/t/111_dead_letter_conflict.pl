@@ -1,7 +1,7 @@
 # Recording a batch's outcomes never fails on an id conflict, and never
 # loses the record of what Kafka acknowledged.  A dead letter with the id a
 # message is about to be dead-lettered under (inserted by hand here; a
-# restore that reused ids did it in issue 9) used to fail the whole turn:
+# restore that reused ids did it) used to fail the whole turn:
 # the deletion of the batch's delivered rows rolled back with it, the
 # worker exited, came back 5 s later and published them again.
 #

@@ -24,7 +24,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 # The first message's deadline, from the commit that makes a database
-# publishable to its record in Kafka (the issue's "within 2 seconds").
+# publishable to its record in Kafka ("within 2 seconds").
 my $first_message_deadline_ms = 2000;
 
 my $node = outbox_node('databases',
