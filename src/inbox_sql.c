@@ -34,8 +34,8 @@
 #include "utils/syscache.h"
 
 #include "enqueue.h"
+#include "inbox_slot.h"
 #include "statements.h"
-#include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);
 PG_FUNCTION_INFO_V1(inbox_unsubscribe);

@@ -16,6 +16,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 
+#include "launcher_slot.h"
 #include "settings.h"
 #include "worker_slot.h"
 
