@@ -16,6 +16,7 @@ OBJS = \
 	src/enqueue.o \
 	src/inbox_apply.o \
 	src/inbox_slot.o \
+	src/inbox_store.o \
 	src/inbox_consumer.o \
 	src/inbox_worker.o \
 	src/inbox_sql.o \

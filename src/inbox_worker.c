@@ -37,6 +37,7 @@
 
 #include "inbox.h"
 #include "inbox_consumer.h"
+#include "inbox_store.h"
 #include "inbox_slot.h"
 #include "settings.h"
 #include "worker_slot.h"

@@ -38,8 +38,8 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
-#include "inbox.h"
 #include "inbox_slot.h"
+#include "inbox_store.h"
 #include "launcher.h"
 #include "metrics.h"
 #include "pipeline.h"
