@@ -587,13 +587,8 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = inbox_abort_transaction(caller);
 
-		MemoryContextSwitchTo(caller);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortOutOfAnyTransaction();
-		MemoryContextSwitchTo(caller);
 		if (st->calling >= 0)
 		{
 			st->guarded_from = st->calling;
@@ -713,13 +708,8 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = inbox_abort_transaction(caller);
 
-		MemoryContextSwitchTo(caller);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortOutOfAnyTransaction();
-		MemoryContextSwitchTo(caller);
 		worker_report_error(LOG, "could not retry messages of subscription \"%s\": %s",
 						   s->name, edata->message);
 		memset(outcome, 0, sizeof(*outcome));

@@ -74,6 +74,17 @@ typedef enum InboxStatement
 	"     AND e.topic OPERATOR(pg_catalog.=) r.topic AND e.key OPERATOR(pg_catalog.=) r.key" \
 	"     AND e.id OPERATOR(pg_catalog.<) r.id)"
 
+/*
+ * The positions of the two offset statements, from their arrays $2 to $5
+ * (position_arrays()), each a partition's row of inbox_offset to insert or
+ * update.
+ */
+#define POSITIONS_FROM_ARRAYS \
+	"  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int4[])," \
+	"                  pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]))" \
+	"       AS f(topic, p, n, h)" \
+	" ON CONFLICT (subscription, topic, \"partition\") DO UPDATE"
+
 /* A message of inbox_retry whose next attempt is due. */
 #define DUE_NOW \
 	"(r.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() OR " ORPHANED ")"
@@ -107,10 +118,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"INSERT INTO %1$s.inbox_offset AS o"
 		"       (subscription, topic, \"partition\", next_offset, high_watermark)"
 		"SELECT $1, f.topic, f.p, f.n, CASE WHEN f.h OPERATOR(pg_catalog.>=) 0 THEN f.h END"
-		"  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int4[]),"
-		"                  pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]))"
-		"       AS f(topic, p, n, h)"
-		" ON CONFLICT (subscription, topic, \"partition\") DO UPDATE"
+		POSITIONS_FROM_ARRAYS
 		"   SET high_watermark = coalesce(EXCLUDED.high_watermark, o.high_watermark)",
 		5, {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, PLAN_ONCE
 	},
@@ -119,10 +127,7 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"INSERT INTO %1$s.inbox_offset AS o"
 		"       (subscription, topic, \"partition\", next_offset, high_watermark, last_applied_at)"
 		"SELECT $1, f.topic, f.p, f.n, CASE WHEN f.h OPERATOR(pg_catalog.>=) 0 THEN f.h END, pg_catalog.clock_timestamp()"
-		"  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int4[]),"
-		"                  pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]))"
-		"       AS f(topic, p, n, h)"
-		" ON CONFLICT (subscription, topic, \"partition\") DO UPDATE"
+		POSITIONS_FROM_ARRAYS
 		"   SET next_offset = EXCLUDED.next_offset,"
 		"       high_watermark = coalesce(EXCLUDED.high_watermark, o.high_watermark),"
 		"       last_applied_at = EXCLUDED.last_applied_at",
@@ -301,6 +306,24 @@ inbox_begin_transaction(void)
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 	return false;
+}
+
+/*
+ * In a PG_CATCH() of such a transaction: take the error, in the caller's
+ * memory context, and roll the transaction back (its SPI and snapshot with
+ * it).  Returns the error.
+ */
+ErrorData *
+inbox_abort_transaction(MemoryContext caller)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(caller);
+	edata = CopyErrorData();
+	FlushErrorState();
+	AbortOutOfAnyTransaction();
+	MemoryContextSwitchTo(caller);
+	return edata;
 }
 
 /* Commit it, and go back to the caller's memory context. */

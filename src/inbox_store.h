@@ -63,6 +63,7 @@ extern bool inbox_forget_old_ids(void);
 /* A transaction of the inbox worker's, for a batch or a pass of retries. */
 extern bool inbox_begin_transaction(void);
 extern void inbox_commit_transaction(MemoryContext caller);
+extern ErrorData *inbox_abort_transaction(MemoryContext caller);
 
 /* Inside such a transaction. */
 extern bool inbox_insert_received(const InboxSubscription *s, Datum *ids, int count,
