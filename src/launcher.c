@@ -15,7 +15,7 @@
  *
  * and to SKIPPED, from any state, while the database is a template,
  * refuses connections, is outside outbox.databases or is held by a backend
- * that drops, renames or copies it (worker_slot.c's holds); back to
+ * that drops, renames or copies it (launcher_slot.c's holds); back to
  * UNCHECKED once it is none of those.  A database announced by a backend
  * (CREATE EXTENSION outbox, or an enqueue that no publisher serves) goes
  * to WAITING without a probe (or, if one runs in it, once it ends, even
