@@ -35,6 +35,7 @@ OBJS = \
 	src/serving.o \
 	src/status.o \
 	src/settings.o \
+	src/shared_memory.o \
 	src/standby_slots.o \
 	src/trace_context.o \
 	src/worker_slot.o

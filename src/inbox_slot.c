@@ -117,6 +117,7 @@ inbox_detach(int code, Datum arg)
 	inbox->state = INBOX_STOPPED;
 	SpinLockRelease(&my_inbox_slot->mutex);
 	my_inbox_slot = NULL;
+	slot_record_errors_in(NULL, "outbox", NULL, NULL);
 
 	launcher_wake();
 }
@@ -149,6 +150,8 @@ inbox_attach(Datum main_arg)
 		return InvalidOid;
 	my_inbox_slot = slot;
 	my_inbox_generation = generation;
+	slot_record_errors_in(slot, "outbox inbox", slot->inbox.last_error,
+						  &slot->inbox.last_error_at);
 	on_shmem_exit(inbox_detach, 0);
 	return database;
 }
@@ -203,19 +206,4 @@ inbox_count_outcomes(uint64 applied, uint64 duplicates, uint64 failed, uint64 de
 		my_inbox_slot->inbox.last_applied_at = now;
 		SpinLockRelease(&my_inbox_slot->mutex);
 	}
-}
-
-/*
- * Put a message into inbox_worker's last_error: worker_record_error() in
- * an inbox worker.
- */
-void
-inbox_record_error(const char *message)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	strlcpy(my_inbox_slot->inbox.last_error, message, WORKER_LAST_ERROR_LEN);
-	my_inbox_slot->inbox.last_error_at = now;
-	SpinLockRelease(&my_inbox_slot->mutex);
 }

@@ -11,32 +11,7 @@
 #ifndef OUTBOX_INBOX_SLOT_H
 #define OUTBOX_INBOX_SLOT_H
 
-#include "worker_slot.h"
-
-/* What a database's inbox worker is doing, as inbox_worker shows it. */
-typedef enum InboxWorkerState
-{
-	INBOX_STOPPED = 0,
-	INBOX_STARTING,
-	INBOX_WAITING_FOR_BROKERS,
-	INBOX_IDLE,
-	INBOX_APPLYING
-} InboxWorkerState;
-
-/* A copy of the inbox part of one database's slot. */
-typedef struct InboxStatus
-{
-	int			pid;			/* 0 while no inbox worker runs */
-	InboxWorkerState state;
-	TimestampTz started_at;
-	TimestampTz last_applied_at;
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-	uint64		applied;		/* messages whose handler committed */
-	uint64		duplicates;		/* messages received again, not applied */
-	uint64		failed;			/* handler calls that failed */
-	uint64		dead_lettered;
-} InboxStatus;
+#include "slot_state.h"
 
 /* In any backend. */
 extern void inbox_want_worker(Oid database);

@@ -12,36 +12,7 @@
 #ifndef OUTBOX_LAUNCHER_SLOT_H
 #define OUTBOX_LAUNCHER_SLOT_H
 
-#include "worker_slot.h"
-
-/* What the extension's presence in a database is, as a probe found it. */
-typedef enum ProbeResult
-{
-	PROBE_NONE = 0,				/* no probe ran, or it could not connect */
-	PROBE_NO_EXTENSION,
-	PROBE_HAS_EXTENSION
-} ProbeResult;
-
-/* The most databases announced to the launcher between two of its passes. */
-#define LAUNCHER_MAX_ANNOUNCED 32
-
-/* The most databases backends hold the launcher off at once (drop, rename...). */
-#define LAUNCHER_MAX_HOLDS 16
-
-/* The most databases the launcher lists as waiting for a slot. */
-#define LAUNCHER_MAX_LISTED_WAITING 64
-
-/* A copy of the launcher's part, as outbox_launcher reads it. */
-typedef struct LauncherStatus
-{
-	int			pid;			/* 0 while the launcher does not run */
-	TimestampTz started_at;
-	int			databases_waiting;	/* all of them, listed or not */
-	int			listed_waiting;
-	Oid			waiting[LAUNCHER_MAX_LISTED_WAITING];
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-} LauncherStatus;
+#include "slot_state.h"
 
 /* In any backend. */
 extern void launcher_read(LauncherStatus *status);

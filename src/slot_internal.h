@@ -1,12 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * slot_internal.h
- *	  The outbox's shared memory as its three owners see it: the
- *	  publishers' slots (worker_slot.c, which also allocates it all), the
- *	  launcher's part (launcher_slot.c) and each slot's inbox part
- *	  (inbox_slot.c).  Private to those three files; every other file goes
- *	  through worker_slot.h, launcher_slot.h or inbox_slot.h.  The locking
- *	  rule is in each file's header comment.
+ *	  The outbox's shared memory as its owners see it: the publishers'
+ *	  slots (worker_slot.c), the launcher's part (launcher_slot.c) and each
+ *	  slot's inbox part (inbox_slot.c), all in one piece that
+ *	  shared_memory.c allocates.  Private to those four files; every other
+ *	  file goes through worker_slot.h, launcher_slot.h or inbox_slot.h.
+ *	  The locking rule is in each owner's header comment.
  *
  *-------------------------------------------------------------------------
  */
@@ -18,9 +18,7 @@
 #include "storage/lwlock.h"
 #include "storage/spin.h"
 
-#include "inbox_slot.h"
-#include "launcher_slot.h"
-#include "worker_slot.h"
+#include "slot_state.h"
 
 /*
  * The inbox worker of a slot's database (inbox_worker.c), which consumes
@@ -105,6 +103,13 @@ typedef struct LauncherShared
 	char		last_error[WORKER_LAST_ERROR_LEN];
 } LauncherShared;
 
+/*
+ * The claim floor's atomics hold ids in an order-keeping unsigned form;
+ * NO_ID is above all.  (The id PG_INT64_MAX cannot be told from none: no
+ * sequence reaches it.)
+ */
+#define NO_ID PG_UINT64_MAX
+
 /* All of it, one piece of shared memory. */
 typedef struct OutboxShared
 {
@@ -114,16 +119,17 @@ typedef struct OutboxShared
 	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;
 
-/* worker_slot.c */
+/* shared_memory.c */
 extern OutboxShared *outbox_shared;
+
+/* worker_slot.c */
 extern OutboxWorkerSlot *slot_asked_for(Datum main_arg, uint32 *generation);
 extern OutboxWorkerSlot *slot_of_database(Oid database);
 extern SlotOccupancy slot_occupancy(OutboxWorkerSlot *slot);
+extern void slot_record_errors_in(OutboxWorkerSlot *slot, const char *prefix,
+								  char *last_error, TimestampTz *last_error_at);
 
 /* launcher_slot.c */
 extern void launcher_wake(void);
-
-/* inbox_slot.c */
-extern void inbox_record_error(const char *message);
 
 #endif							/* OUTBOX_SLOT_INTERNAL_H */

@@ -1,12 +1,14 @@
 /*-------------------------------------------------------------------------
  *
  * worker_slot.c
- *	  The outbox's shared memory, allocated here (slot_internal.h): the
- *	  launcher's part (launcher_slot.c) and an array of outbox.max_workers
- *	  slots, one per publishing worker, each with its database's inbox part
- *	  (inbox_slot.c).  This file owns the slots' publisher side: the
- *	  launcher hands them out, publishers attach to theirs and report
- *	  through it, backends wake publishers and read it for the views.
+ *	  The publishers' slots in the outbox's shared memory
+ *	  (slot_internal.h, allocated by shared_memory.c): an array of
+ *	  outbox.max_workers slots, one per publishing worker, each with its
+ *	  database's inbox part (inbox_slot.c).  This file owns the slots'
+ *	  publisher side: the launcher hands them out, publishers attach to
+ *	  theirs and report through it, backends wake publishers and read it for
+ *	  the views.  It also says where a worker's errors are recorded, for the
+ *	  publisher and the inbox worker alike (worker_report_error()).
  *
  * Locking rule.  The array is sized at server start and never changes.  A
  * slot is handed out by the launcher alone (worker_slot_assign(): its
@@ -40,26 +42,19 @@
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "storage/lwlock.h"
-#include "storage/shmem.h"
 #include "storage/spin.h"
 
-#include "settings.h"
 #include "slot_internal.h"
+#include "worker_slot.h"
 
-/*
- * Ids in those atomics, in an order-keeping unsigned form; NO_ID is above
- * all.  (The id PG_INT64_MAX cannot be told from none: no sequence reaches
- * it.)
- */
-#define NO_ID PG_UINT64_MAX
-
+/* An id in the claim floor's atomics, in an order-keeping unsigned form. */
 static uint64
 encode_id(int64 id)
 {
 	return (uint64) id ^ (UINT64CONST(1) << 63);
 }
 
+/* The id of encode_id()'s form. */
 static int64
 decode_id(uint64 v)
 {
@@ -76,11 +71,18 @@ atomic_lower(pg_atomic_uint64 *v, uint64 x)
 		;
 }
 
-OutboxShared *outbox_shared = NULL;
 static OutboxWorkerSlot *my_slot = NULL;	/* this worker's, once attached */
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+/*
+ * Where this process records the errors it lives through
+ * (worker_record_error()), under error_slot's spinlock: a publisher's slot's
+ * last_error, or an inbox worker's slot's inbox part's; and how its log
+ * lines begin.  Set as it attaches, cleared as it leaves.
+ */
+static OutboxWorkerSlot *error_slot = NULL;
+static const char *error_prefix = "outbox";
+static char *error_text = NULL;
+static TimestampTz *error_text_at = NULL;
 
 static const char *const state_names[] = {
 	[WORKER_STOPPED] = "stopped",
@@ -90,71 +92,6 @@ static const char *const state_names[] = {
 	[WORKER_IDLE] = "idle",
 	[WORKER_PUBLISHING] = "publishing",
 };
-
-/* The size of the outbox's shared memory, for outbox.max_workers slots. */
-static Size
-shared_size(void)
-{
-	return add_size(offsetof(OutboxShared, slots),
-					mul_size(sizeof(OutboxWorkerSlot), outbox_max_workers));
-}
-
-/* Ask for the shared memory and launcher_lock, as the postmaster starts. */
-static void
-outbox_shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(shared_size()));
-	RequestNamedLWLockTranche("outbox", 1);
-}
-
-/* Make the shared memory, or find it made, as each process starts. */
-static void
-outbox_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	outbox_shared = ShmemInitStruct("outbox", shared_size(), &found);
-	if (!found)
-	{
-		memset(outbox_shared, 0, shared_size());
-		outbox_shared->launcher_lock = &(GetNamedLWLockTranche("outbox"))->lock;
-		outbox_shared->slot_count = outbox_max_workers;
-		for (int i = 0; i < outbox_shared->slot_count; i++)
-		{
-			OutboxWorkerSlot *slot = &outbox_shared->slots[i];
-
-			SpinLockInit(&slot->mutex);
-			pg_atomic_init_u64(&slot->published, 0);
-			pg_atomic_init_u64(&slot->retries_scheduled, 0);
-			pg_atomic_init_u64(&slot->dead_lettered, 0);
-			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
-			pg_atomic_init_u64(&slot->committed_below, NO_ID);
-			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
-			pg_atomic_init_u64(&slot->delayed_due, NO_ID);
-			pg_atomic_init_u64(&slot->inbox.applied, 0);
-			pg_atomic_init_u64(&slot->inbox.duplicates, 0);
-			pg_atomic_init_u64(&slot->inbox.failed, 0);
-			pg_atomic_init_u64(&slot->inbox.dead_lettered, 0);
-		}
-	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Ask for the shared memory; in _PG_init, once the settings are defined. */
-void
-worker_slots_init(void)
-{
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_shmem_startup;
-}
 
 /* How many slots there are: outbox.max_workers at server start. */
 int
@@ -404,6 +341,7 @@ detach(int code, Datum arg)
 	my_slot->brokers_reachable = false;
 	SpinLockRelease(&my_slot->mutex);
 	my_slot = NULL;
+	slot_record_errors_in(NULL, "outbox", NULL, NULL);
 
 	launcher_wake();
 }
@@ -441,6 +379,7 @@ worker_slot_attach(Datum main_arg)
 	pg_atomic_write_u64(&my_slot->committed_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->prepared_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->delayed_due, NO_ID);
+	slot_record_errors_in(my_slot, "outbox", my_slot->last_error, &my_slot->last_error_at);
 	on_shmem_exit(detach, 0);
 	return database;
 }
@@ -501,7 +440,7 @@ worker_report_error(int elevel, const char *fmt,...)
 	vsnprintf(message, sizeof(message), fmt, args);
 	va_end(args);
 
-	ereport(elevel, (errmsg("%s: %s", my_slot ? "outbox" : "outbox inbox", message)));
+	ereport(elevel, (errmsg("%s: %s", error_prefix, message)));
 	worker_record_error(message);
 }
 
@@ -515,15 +454,28 @@ worker_record_error(const char *message)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (my_slot == NULL)
-	{
-		inbox_record_error(message);
-		return;
-	}
-	SpinLockAcquire(&my_slot->mutex);
-	strlcpy(my_slot->last_error, message, WORKER_LAST_ERROR_LEN);
-	my_slot->last_error_at = now;
-	SpinLockRelease(&my_slot->mutex);
+	if (error_slot == NULL)
+		return;					/* not attached: the log says it alone */
+	SpinLockAcquire(&error_slot->mutex);
+	strlcpy(error_text, message, WORKER_LAST_ERROR_LEN);
+	*error_text_at = now;
+	SpinLockRelease(&error_slot->mutex);
+}
+
+/*
+ * Record this process's errors from now on in last_error and
+ * last_error_at, fields of slot (under its spinlock), and begin its log
+ * lines with prefix: as a publisher or an inbox worker attaches; slot NULL
+ * as it leaves.
+ */
+void
+slot_record_errors_in(OutboxWorkerSlot *slot, const char *prefix,
+					  char *last_error, TimestampTz *last_error_at)
+{
+	error_slot = slot;
+	error_prefix = prefix;
+	error_text = last_error;
+	error_text_at = last_error_at;
 }
 
 /* Count a recorded batch's outcomes. */

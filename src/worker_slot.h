@@ -5,71 +5,14 @@
  *	  with what it tells about itself and the latch that wakes it.
  *	  worker_slot.c owns them; its header comment states the locking rule.
  *	  The launcher's part is launcher_slot.h's, a slot's inbox part
- *	  inbox_slot.h's.
+ *	  inbox_slot.h's; the values they hold, slot_state.h's.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_WORKER_SLOT_H
 #define OUTBOX_WORKER_SLOT_H
 
-#include "utils/timestamp.h"
-
-/* What a publisher is doing, as outbox_worker shows it. */
-typedef enum OutboxWorkerState
-{
-	WORKER_STOPPED = 0,
-	WORKER_STARTING,
-	WORKER_WAITING_FOR_BROKERS,
-	WORKER_WAITING_FOR_STANDBY, /* outbox.synchronized_standby_slots */
-	WORKER_IDLE,
-	WORKER_PUBLISHING
-} OutboxWorkerState;
-
-/*
- * Why a publisher left, as it tells its launcher; WORKER_EXIT_UNSAID if it
- * died or failed before it could say.
- */
-typedef enum WorkerExitReason
-{
-	WORKER_EXIT_UNSAID = 0,
-	WORKER_EXIT_NO_EXTENSION	/* the extension is not (or no longer) there */
-} WorkerExitReason;
-
-#define WORKER_LAST_ERROR_LEN 256
-
-/* A copy of one publisher's slot, as the views read it. */
-typedef struct WorkerStatus
-{
-	Oid			database;		/* InvalidOid: the slot is free */
-	int			pid;			/* 0 while no worker runs */
-	OutboxWorkerState state;
-	bool		brokers_reachable;
-	TimestampTz started_at;
-	TimestampTz last_publish_at;
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-	uint64		published;		/* messages Kafka acknowledged */
-	uint64		retries_scheduled;	/* failed attempts that wait for a retry */
-	uint64		dead_lettered;
-} WorkerStatus;
-
-/*
- * Who is in a slot, copied at once under its spinlock: what the launcher
- * and the slot's publisher read of it (worker_slot_occupancy()).
- */
-typedef struct SlotOccupancy
-{
-	Oid			database;		/* InvalidOid: the slot is free */
-	uint32		generation;		/* bumped each time it is handed out */
-	int			publisher_pid;	/* 0 while no publisher is attached */
-	WorkerExitReason exit_reason;	/* why its last publisher left */
-	bool		inbox_wanted;	/* its database may have subscriptions
-								 * (never for a free slot) */
-	int			inbox_pid;		/* 0 while no inbox worker is attached */
-} SlotOccupancy;
-
-/* In the postmaster, from _PG_init. */
-extern void worker_slots_init(void);
+#include "slot_state.h"
 
 /* In any backend. */
 extern int	worker_slot_count(void);
