@@ -4,8 +4,8 @@
  *	  The inbox part of each publisher's slot (slot_internal.h's
  *	  InboxPart): a database's inbox worker attaches to its slot's part
  *	  and reports through it, backends and the publisher say the database
- *	  wants one, and inbox_worker reads it.  worker_slot.c allocates the
- *	  slots and hands them out, clearing this part for a new database.
+ *	  wants one, and inbox_worker reads it.  worker_slot.c hands the slots
+ *	  out, clearing this part for a new database.
  *
  * Locking rule.  The inbox part is read and written under its slot's
  * spinlock, with the same rule as the rest of the slot (worker_slot.c):

@@ -4,7 +4,7 @@
  *	  The launcher's part of the outbox's shared memory (slot_internal.h's
  *	  LauncherShared): the launcher attaches to it, backends announce
  *	  databases and hold the launcher off them through it, a probe leaves
- *	  its result in it, and outbox_launcher reads it.  worker_slot.c
+ *	  its result in it, and outbox_launcher reads it.  shared_memory.c
  *	  allocates it, with the slots.
  *
  * Locking rule.  The launcher's part is read and written under
