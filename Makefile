@@ -15,11 +15,14 @@ OBJS = \
 	src/capture_settings.o \
 	src/enqueue.o \
 	src/inbox_apply.o \
+	src/inbox_slot.o \
+	src/inbox_store.o \
 	src/inbox_consumer.o \
 	src/inbox_worker.o \
 	src/inbox_sql.o \
 	src/key_lock.o \
 	src/launcher.o \
+	src/launcher_slot.o \
 	src/metrics.o \
 	src/publisher.o \
 	src/pipeline.o \
@@ -32,6 +35,7 @@ OBJS = \
 	src/serving.o \
 	src/status.o \
 	src/settings.o \
+	src/shared_memory.o \
 	src/standby_slots.o \
 	src/trace_context.o \
 	src/worker_slot.o

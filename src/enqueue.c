@@ -257,49 +257,47 @@ check_headers(Jsonb *headers)
 }
 
 /*
- * Insert a checked message through an INSERT prepared once, which fires the
- * trigger; returns its id.
+ * Prepare the enqueue INSERT for the extension's schema, once per schema
+ * (SPI connected): with the partition and the delay where the schema has
+ * the columns for them.
  */
-static int64
-insert_through_spi(Oid namespace, const NewMessage *message)
+static void
+prepare_enqueue_insert(Oid namespace)
 {
-	Datum		values[ENQUEUE_INSERT_ARGS];
-	char		nulls[ENQUEUE_INSERT_ARGS] = {' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	int64		id;
+	Oid			argtypes[ENQUEUE_INSERT_ARGS] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID, INT4OID, TIMESTAMPTZOID};
+	const char *schema = quote_identifier(get_namespace_name(namespace));
+	char	   *sql;
+	SPIPlanPtr	plan;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "outbox: SPI_connect failed");
+	if (enqueue_plan != NULL && enqueue_plan_namespace == namespace)
+		return;
+	if (schema_has_target_partition(namespace))
+		sql = psprintf("INSERT INTO %s.outbox_message"
+					   " (topic, key, payload, headers, target_partition, state, next_attempt_at)"
+					   " VALUES ($1, $2, $3, $4, $5,"
+					   "         CASE WHEN $6 IS NULL THEN 'pending' ELSE 'retrying' END,"
+					   "         coalesce($6, pg_catalog.now()))"
+					   " RETURNING id", schema);
+	else
+		sql = psprintf("INSERT INTO %s.outbox_message (topic, key, payload, headers) "
+					   "VALUES ($1, $2, $3, $4) RETURNING id", schema);
+	plan = SPI_prepare(sql, ENQUEUE_INSERT_ARGS, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "outbox: could not prepare the enqueue statement: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	if (enqueue_plan)
+		SPI_freeplan(enqueue_plan);
+	enqueue_plan = plan;
+	enqueue_plan_namespace = namespace;
+}
 
-	if (enqueue_plan == NULL || enqueue_plan_namespace != namespace)
-	{
-		Oid			argtypes[ENQUEUE_INSERT_ARGS] = {TEXTOID, TEXTOID, BYTEAOID, JSONBOID, INT4OID, TIMESTAMPTZOID};
-		const char *schema = quote_identifier(get_namespace_name(namespace));
-		char	   *sql;
-		SPIPlanPtr	plan;
-
-		if (schema_has_target_partition(namespace))
-			sql = psprintf("INSERT INTO %s.outbox_message"
-						   " (topic, key, payload, headers, target_partition, state, next_attempt_at)"
-						   " VALUES ($1, $2, $3, $4, $5,"
-						   "         CASE WHEN $6 IS NULL THEN 'pending' ELSE 'retrying' END,"
-						   "         coalesce($6, pg_catalog.now()))"
-						   " RETURNING id", schema);
-		else
-			sql = psprintf("INSERT INTO %s.outbox_message (topic, key, payload, headers) "
-						   "VALUES ($1, $2, $3, $4) RETURNING id", schema);
-		plan = SPI_prepare(sql, ENQUEUE_INSERT_ARGS, argtypes);
-		if (plan == NULL)
-			elog(ERROR, "outbox: could not prepare the enqueue statement: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		if (enqueue_plan)
-			SPI_freeplan(enqueue_plan);
-		enqueue_plan = plan;
-		enqueue_plan_namespace = namespace;
-	}
-
+/* The enqueue INSERT's parameters for a message; NULL where it has none. */
+static void
+enqueue_insert_args(const NewMessage *message, Datum *values, char *nulls)
+{
 	values[0] = PointerGetDatum(message->topic);
+	nulls[0] = ' ';
 	values[1] = PointerGetDatum(message->key);
 	nulls[1] = message->key ? ' ' : 'n';
 	values[2] = PointerGetDatum(message->payload);
@@ -310,6 +308,25 @@ insert_through_spi(Oid namespace, const NewMessage *message)
 	nulls[4] = message->target_partition != ANY_PARTITION ? ' ' : 'n';
 	values[5] = TimestampTzGetDatum(message->deliver_at);
 	nulls[5] = message->deliver_at != 0 ? ' ' : 'n';
+}
+
+/*
+ * Insert a checked message through an INSERT prepared once, which fires the
+ * trigger (told by inserting_checked_row that the row is checked); returns
+ * its id.
+ */
+static int64
+insert_through_spi(Oid namespace, const NewMessage *message)
+{
+	Datum		values[ENQUEUE_INSERT_ARGS];
+	char		nulls[ENQUEUE_INSERT_ARGS];
+	bool		isnull;
+	int64		id;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+	prepare_enqueue_insert(namespace);
+	enqueue_insert_args(message, values, nulls);
 
 	inserting_checked_row = true;
 	PG_TRY();
@@ -618,9 +635,59 @@ note_row_written(int64 id)
 	wake_worker_at_commit = true;
 }
 
+/* Refuse to run as anything but a BEFORE INSERT FOR EACH ROW trigger. */
+static void
+check_called_as_row_trigger(FunctionCallInfo fcinfo)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
+}
+
+/*
+ * Does the row come with its id?  Then it is one being restored (pg_restore,
+ * or psql running pg_dumpall's output): only the owner may write the id
+ * column.  It was checked when it was first enqueued, may be retrying or
+ * sent, and keeps its id, so that its order and its dead letters' ids stay
+ * as they were.  Under schema 0.1.0 the identity default has filled in
+ * every id, and no row is taken for a restored one.
+ */
+static bool
+row_is_restored(HeapTuple tuple, TupleDesc desc, int id_attnum, int64 *id)
+{
+	bool		id_isnull;
+	Datum		value = heap_getattr(tuple, id_attnum, desc, &id_isnull);
+
+	if (id_isnull || TupleDescAttr(desc, id_attnum - 1)->attidentity != '\0')
+		return false;
+	*id = DatumGetInt64(value);
+	return true;
+}
+
+/*
+ * The row with its id drawn, now that the key's lock is held, so that ids of
+ * one key follow the order in which their transactions commit.  (Under
+ * schema 0.1.0 this draws the identity sequence a second time.)  No
+ * privilege on the sequence is checked: no role but the owner has one.
+ */
+static HeapTuple
+row_with_new_id(FunctionCallInfo fcinfo, HeapTuple tuple, TupleDesc desc, int id_attnum)
+{
+	Datum		id = Int64GetDatum(nextval_internal(outbox_relations(fcinfo)->id_sequence, false));
+	bool		id_isnull = false;
+
+	note_row_written(DatumGetInt64(id));
+	return heap_modify_tuple_by_cols(tuple, desc, 1, &id_attnum, &id, &id_isnull);
+}
+
 /*
  * BEFORE INSERT row trigger on outbox_message: the same checks as
- * outbox_enqueue(), the per-key lock, and the wake at commit.
+ * outbox_enqueue(), the per-key lock, and the wake at commit.  A restored
+ * row is left as it is.
  */
 Datum
 outbox_message_check(PG_FUNCTION_ARGS)
@@ -628,39 +695,24 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Relation	rel;
 	HeapTuple	tuple;
+	TupleDesc	desc;
 	bool		checked;
 	int			id_attnum;
-	TupleDesc	desc;
-	Datum		id;
-	bool		id_isnull = false;
+	int64		restored_id;
 	text	   *topic;
 	text	   *key;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		elog(ERROR, "outbox_message_check must be a BEFORE INSERT FOR EACH ROW trigger");
-
+	check_called_as_row_trigger(fcinfo);
 	rel = trigdata->tg_relation;
 	id_attnum = check_fires_on_outbox(fcinfo, rel);
 	tuple = trigdata->tg_trigtuple;
+	desc = RelationGetDescr(rel);
 	checked = inserting_checked_row;
 	inserting_checked_row = false;
 
-	/*
-	 * A row that comes with its id is one being restored (pg_restore, or
-	 * psql running pg_dumpall's output): only the owner may write the id
-	 * column.  It was checked when it was first enqueued, may be retrying or
-	 * sent, and keeps its id, so that its order and its dead letters' ids
-	 * stay as they were.  Under schema 0.1.0 the identity default has
-	 * filled in every id, and no row is taken for a restored one.
-	 */
-	desc = RelationGetDescr(rel);
-	id = heap_getattr(tuple, id_attnum, desc, &id_isnull);
-	if (!id_isnull && TupleDescAttr(desc, id_attnum - 1)->attidentity == '\0')
+	if (row_is_restored(tuple, desc, id_attnum, &restored_id))
 	{
-		note_row_written(DatumGetInt64(id));
+		note_row_written(restored_id);
 		return PointerGetDatum(tuple);
 	}
 
@@ -672,18 +724,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 		if (key)
 			key_lock_acquire(topic, key);
 	}
-
-	/*
-	 * The id is drawn only now, once the key's lock is held, so that ids of
-	 * one key follow the order in which their transactions commit.  (Under
-	 * schema 0.1.0 this draws the identity sequence a second time.)  No
-	 * privilege on the sequence is checked: no role but the owner has one.
-	 */
-	id = Int64GetDatum(nextval_internal(outbox_relations(fcinfo)->id_sequence, false));
-	id_isnull = false;
-	note_row_written(DatumGetInt64(id));
-	return PointerGetDatum(heap_modify_tuple_by_cols(tuple, desc, 1,
-													 &id_attnum, &id, &id_isnull));
+	return PointerGetDatum(row_with_new_id(fcinfo, tuple, desc, id_attnum));
 }
 
 /*

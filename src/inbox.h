@@ -2,8 +2,8 @@
  *
  * inbox.h
  *	  The inbox worker's messages, subscriptions and batches, shared by its
- *	  process (inbox_worker.c), its consumers (inbox_consumer.c) and what
- *	  applies the messages (inbox_apply.c).
+ *	  process (inbox_worker.c), its consumers (inbox_consumer.c), what
+ *	  applies the messages (inbox_apply.c) and its SQL (inbox_store.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -86,16 +86,9 @@ typedef struct InboxOutcome
 	bool		retries_added;	/* the next retry may be sooner */
 } InboxOutcome;
 
-/* inbox_apply.c */
-extern bool inbox_extension_ready(void);
-extern bool inbox_subscriptions_exist(void);
-extern List *inbox_read_subscriptions(void);
-extern List *inbox_read_positions(const InboxSubscription *s);
-extern void inbox_record_positions(const InboxSubscription *s, List *positions);
+/* inbox_apply.c; the statements that read and record are inbox_store.h's */
 extern bool inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch,
 							  bool keys_may_be_held, InboxOutcome *outcome);
 extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome);
-extern long inbox_ms_until_next_retry(const InboxSubscription *s);
-extern bool inbox_forget_old_ids(void);
 
 #endif							/* OUTBOX_INBOX_H */

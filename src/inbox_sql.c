@@ -2,7 +2,8 @@
  *
  * inbox_sql.c
  *	  The inbox's SQL functions: inbox_subscribe(), inbox_unsubscribe(),
- *	  inbox_requeue(), inbox_discard() and inbox_worker_status().
+ *	  inbox_requeue() and inbox_discard().  (inbox_worker_status() is with
+ *	  the other views' functions, in status.c.)
  *
  * The inbox's tables are granted to no one.  These functions are not
  * SECURITY DEFINER, so that they know who calls them: each checks that the
@@ -23,7 +24,6 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
-#include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -34,14 +34,13 @@
 #include "utils/syscache.h"
 
 #include "enqueue.h"
+#include "inbox_slot.h"
 #include "statements.h"
-#include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);
 PG_FUNCTION_INFO_V1(inbox_unsubscribe);
 PG_FUNCTION_INFO_V1(inbox_requeue);
 PG_FUNCTION_INFO_V1(inbox_discard);
-PG_FUNCTION_INFO_V1(inbox_worker_status);
 
 /* The longest subscription name, in bytes. */
 #define MAX_SUBSCRIPTION_NAME 200
@@ -56,22 +55,6 @@ typedef enum SubscribeArgument
 	ARG_START_FROM,
 	ARG_RUN_AS
 } SubscribeArgument;
-
-/* The columns of inbox_worker_status(). */
-typedef enum InboxWorkerColumn
-{
-	COL_PID,
-	COL_STATE,
-	COL_STARTED_AT,
-	COL_APPLIED,
-	COL_DUPLICATES,
-	COL_FAILED,
-	COL_DEAD_LETTERED,
-	COL_LAST_APPLIED_AT,
-	COL_LAST_ERROR,
-	COL_LAST_ERROR_AT,
-	NUM_INBOX_WORKER_COLUMNS
-} InboxWorkerColumn;
 
 /* What the transaction is to tell the inbox worker at commit. */
 static bool tell_inbox_at_commit = false;
@@ -461,34 +444,4 @@ inbox_discard(PG_FUNCTION_ARGS)
 	}
 	SPI_finish();
 	PG_RETURN_BOOL(existed);
-}
-
-/* One row: this database's inbox worker, or "stopped" if none runs. */
-Datum
-inbox_worker_status(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Datum		values[NUM_INBOX_WORKER_COLUMNS];
-	bool		nulls[NUM_INBOX_WORKER_COLUMNS] = {0};
-	InboxStatus s;
-
-	InitMaterializedSRF(fcinfo, 0);
-	(void) inbox_read(MyDatabaseId, &s);
-	values[COL_PID] = Int32GetDatum(s.pid);
-	nulls[COL_PID] = s.pid == 0;
-	values[COL_STATE] = CStringGetTextDatum(inbox_state_name(s.pid == 0 ? INBOX_STOPPED : s.state));
-	values[COL_STARTED_AT] = TimestampTzGetDatum(s.started_at);
-	nulls[COL_STARTED_AT] = s.pid == 0;
-	values[COL_APPLIED] = Int64GetDatum((int64) s.applied);
-	values[COL_DUPLICATES] = Int64GetDatum((int64) s.duplicates);
-	values[COL_FAILED] = Int64GetDatum((int64) s.failed);
-	values[COL_DEAD_LETTERED] = Int64GetDatum((int64) s.dead_lettered);
-	values[COL_LAST_APPLIED_AT] = TimestampTzGetDatum(s.last_applied_at);
-	nulls[COL_LAST_APPLIED_AT] = s.last_applied_at == 0;
-	values[COL_LAST_ERROR] = CStringGetTextDatum(s.last_error);
-	nulls[COL_LAST_ERROR] = s.last_error[0] == '\0';
-	values[COL_LAST_ERROR_AT] = TimestampTzGetDatum(s.last_error_at);
-	nulls[COL_LAST_ERROR_AT] = s.last_error_at == 0;
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	return (Datum) 0;
 }

@@ -37,6 +37,8 @@
 
 #include "inbox.h"
 #include "inbox_consumer.h"
+#include "inbox_store.h"
+#include "inbox_slot.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -412,7 +414,6 @@ void
 outbox_inbox_main(Datum main_arg)
 {
 	MemoryContext loop_context;
-	uint32		generation;
 	Oid			database;
 	ListCell   *lc;
 
@@ -420,8 +421,7 @@ outbox_inbox_main(Datum main_arg)
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 
-	memcpy(&generation, MyBgworkerEntry->bgw_extra, sizeof(generation));
-	database = inbox_attach(DatumGetInt32(main_arg), generation);
+	database = inbox_attach(main_arg);
 	if (!OidIsValid(database))
 		proc_exit(0);			/* its slot was handed out again */
 	connect_to_database(database);

@@ -416,6 +416,7 @@ take_assignment(WireReader *r)
 	next_recheck_ms = now_ms();
 }
 
+/* FETCH: the worker wants a MESSAGES frame of at most so many messages and bytes. */
 static void
 take_fetch(WireReader *r)
 {
@@ -429,21 +430,11 @@ take_fetch(WireReader *r)
 	fetching = true;
 }
 
-static void
-handle_frame(uint8_t type, WireReader *r)
-{
-	switch (type)
-	{
-		case WIRE_ASSIGN:
-			take_assignment(r);
-			break;
-		case WIRE_FETCH:
-			take_fetch(r);
-			break;
-		default:
-			die("unknown frame type");
-	}
-}
+/* The frames the consumer mode serves. */
+static const ModeFrame consumer_frames[] = {
+	{WIRE_ASSIGN, take_assignment},
+	{WIRE_FETCH, take_fetch},
+};
 
 /* The most a message can add to a MESSAGES frame, its watermark included. */
 static size_t
@@ -681,7 +672,7 @@ serve_consumer(void)
 	{
 		write_to_worker();
 		wait_for_work(wait_ms());
-		if (!read_from_worker(&in, handle_frame))
+		if (!read_from_worker(&in, consumer_frames, lengthof(consumer_frames)))
 			break;
 		rd_kafka_poll(rk, 0);
 		if (assign_received && now_ms() >= next_recheck_ms)

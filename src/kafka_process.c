@@ -327,11 +327,28 @@ set_property(rd_kafka_conf_t *conf, const char *name, const char *value)
 }
 
 /*
- * Read what the socket has, and hand each whole frame in it to handle.
- * Returns false at end of file: the worker closed the socket, or died.
+ * Hand a frame to what takes its type among the mode's frames; a type the
+ * mode does not serve is the worker's mistake, and ends the process.
+ */
+static void
+take_frame(const ModeFrame *frames, size_t frame_count, uint8_t type, WireReader *r)
+{
+	for (size_t i = 0; i < frame_count; i++)
+		if (frames[i].type == type)
+		{
+			frames[i].take(r);
+			return;
+		}
+	die("unknown frame type");
+}
+
+/*
+ * Read what the socket has, and hand each whole frame in it to what takes
+ * its type among the mode's frames.  Returns false at end of file: the
+ * worker closed the socket, or died.
  */
 bool
-read_from_worker(Buffer *in, FrameHandler handle)
+read_from_worker(Buffer *in, const ModeFrame *frames, size_t frame_count)
 {
 	size_t		done = 0;
 	ssize_t		n;
@@ -357,7 +374,7 @@ read_from_worker(Buffer *in, FrameHandler handle)
 			break;
 		}
 		wire_reader_init(&r, in->data + done + WIRE_FRAME_HEADER_SIZE, len);
-		handle((uint8_t) in->data[done + 4], &r);
+		take_frame(frames, frame_count, (uint8_t) in->data[done + 4], &r);
 		if (r.failed)
 			die("malformed frame");
 		done += WIRE_FRAME_HEADER_SIZE + len;
@@ -411,7 +428,7 @@ set_up_process(void)
 static const KafkaMode *
 mode_of(uint8_t first_frame)
 {
-	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+	for (size_t i = 0; i < lengthof(modes); i++)
 		if (modes[i].first_frame == first_frame)
 			return &modes[i];
 	return NULL;

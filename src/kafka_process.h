@@ -16,6 +16,9 @@
 
 #include "kafka_wire.h"
 
+/* The number of elements of an array (as PostgreSQL's c.h has it). */
+#define lengthof(array) (sizeof(array) / sizeof((array)[0]))
+
 /* How long to wait for the worker when nothing is outstanding. */
 #define IDLE_WAIT_MS 1000
 
@@ -27,8 +30,15 @@ typedef struct Buffer
 	size_t		cap;
 } Buffer;
 
-/* Handles one whole frame of the worker's, after the first. */
-typedef void (*FrameHandler) (uint8_t type, WireReader *r);
+/* Takes one whole frame of the worker's, after the first, r reading its body. */
+typedef void (*FrameTaker) (WireReader *r);
+
+/* A frame type a mode serves, and what takes it. */
+typedef struct ModeFrame
+{
+	WireFrameType type;
+	FrameTaker	take;
+} ModeFrame;
 
 extern Buffer to_worker;		/* frames not yet written to the socket */
 extern int	wake_fds[2];		/* librdkafka writes to [1] when a queue fills */
@@ -54,7 +64,7 @@ extern void set_property(rd_kafka_conf_t *conf, const char *name, const char *va
 extern void set_callbacks(rd_kafka_conf_t *conf);
 
 extern void write_to_worker(void);
-extern bool read_from_worker(Buffer *in, FrameHandler handle);
+extern bool read_from_worker(Buffer *in, const ModeFrame *frames, size_t frame_count);
 extern void wait_for_work(int timeout_ms);
 
 /*

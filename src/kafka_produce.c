@@ -596,28 +596,28 @@ answer_metadata(WireReader *r)
 	end_frame(frame);
 }
 
+/* Withdraw every message not yet acknowledged: the worker's PURGE. */
 static void
-handle_frame(uint8_t type, WireReader *r)
+purge_all(WireReader *r)
 {
-	switch (type)
-	{
-		case WIRE_PRODUCE:
-			produce(r);
-			break;
-		case WIRE_METADATA:
-			answer_metadata(r);
-			break;
-		case WIRE_PURGE:
-			rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-			break;
-		case WIRE_TEST_FATAL:
-			rd_kafka_test_fatal_error(rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-									  "simulated by outbox_simulate_fatal_error()");
-			break;
-		default:
-			die("unknown frame type");
-	}
+	rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 }
+
+/* Raise a fatal error, as outbox_simulate_fatal_error() asks: TEST_FATAL. */
+static void
+simulate_fatal_error(WireReader *r)
+{
+	rd_kafka_test_fatal_error(rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+							  "simulated by outbox_simulate_fatal_error()");
+}
+
+/* The frames the producer mode serves. */
+static const ModeFrame producer_frames[] = {
+	{WIRE_PRODUCE, produce},
+	{WIRE_METADATA, answer_metadata},
+	{WIRE_PURGE, purge_all},
+	{WIRE_TEST_FATAL, simulate_fatal_error},
+};
 
 /*
  * Serve the worker's frames and librdkafka's queue until the worker closes
@@ -634,7 +634,7 @@ serve_producer(void)
 	{
 		write_to_worker();
 		wait_for_work(outstanding > 0 ? 0 : IDLE_WAIT_MS);
-		if (!read_from_worker(&in, handle_frame))
+		if (!read_from_worker(&in, producer_frames, lengthof(producer_frames)))
 			break;
 		if (outstanding > 0)
 			rd_kafka_flush(rk, FLUSH_SLICE_MS);

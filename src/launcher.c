@@ -15,7 +15,7 @@
  *
  * and to SKIPPED, from any state, while the database is a template,
  * refuses connections, is outside outbox.databases or is held by a backend
- * that drops, renames or copies it (worker_slot.c's holds); back to
+ * that drops, renames or copies it (launcher_slot.c's holds); back to
  * UNCHECKED once it is none of those.  A database announced by a backend
  * (CREATE EXTENSION outbox, or an enqueue that no publisher serves) goes
  * to WAITING without a probe (or, if one runs in it, once it ends, even
@@ -62,6 +62,7 @@
 #include "utils/snapmgr.h"
 
 #include "launcher.h"
+#include "launcher_slot.h"
 #include "settings.h"
 #include "worker_slot.h"
 
@@ -444,7 +445,7 @@ stop_publisher(KnownDatabase *db)
 	db->stop_asked = true;
 	if (db->worker)
 		TerminateBackgroundWorker(db->worker);
-	else if ((pid = worker_slot_pid(db->slot)) != 0)
+	else if ((pid = worker_slot_occupancy(db->slot).publisher_pid) != 0)
 		kill(pid, SIGTERM);		/* adopted from a launcher before this one */
 }
 
@@ -454,7 +455,7 @@ publisher_gone(KnownDatabase *db)
 {
 	if (db->worker)
 		return worker_gone(db->worker);
-	return worker_slot_pid(db->slot) == 0;
+	return worker_slot_occupancy(db->slot).publisher_pid == 0;
 }
 
 /* Ask the database's inbox worker to stop, once. */
@@ -485,7 +486,7 @@ release_slot(KnownDatabase *db, DatabaseState state)
 static void
 publisher_left(KnownDatabase *db, bool should_run)
 {
-	WorkerExitReason reason = worker_slot_exit_reason(db->slot);
+	WorkerExitReason reason = worker_slot_occupancy(db->slot).exit_reason;
 	bool		announced = db->announced;
 
 	if (db->worker)
@@ -540,7 +541,8 @@ static void
 start_inbox(KnownDatabase *db)
 {
 	db->inbox = start_worker("outbox_inbox_main", INBOX_TYPE, NameStr(db->name),
-							 Int32GetDatum(db->slot), worker_slot_generation(db->slot));
+							 Int32GetDatum(db->slot),
+							 worker_slot_occupancy(db->slot).generation);
 	db->inbox_stop_asked = false;
 	if (db->inbox != NULL)
 	{
@@ -556,7 +558,7 @@ start_inbox(KnownDatabase *db)
 
 /*
  * A database's inbox worker runs beside its publisher while its slot says
- * it has subscriptions (inbox_worker_wanted()): started after a pause if it
+ * it has subscriptions (inbox_want_worker()): started after a pause if it
  * exited, stopped with its publisher.  It leaves by itself when it finds
  * no subscription, and when its slot is handed out again.  One that a
  * launcher before this one started runs on, adopted.
@@ -565,6 +567,7 @@ static void
 manage_inbox(KnownDatabase *db)
 {
 	bool		served = db->state == DB_SERVED && db->restart_at == 0 && !db->stop_asked;
+	SlotOccupancy occupancy;
 
 	if (db->inbox && worker_gone(db->inbox))
 	{
@@ -574,10 +577,13 @@ manage_inbox(KnownDatabase *db)
 														   RESTART_PAUSE_MS);
 	}
 	if (!served)
+	{
 		stop_inbox(db);
-	else if (db->inbox == NULL && inbox_worker_wanted(db->slot) &&
-			 inbox_worker_pid(db->slot) == 0 &&
-			 GetCurrentTimestamp() >= db->inbox_not_before)
+		return;
+	}
+	occupancy = worker_slot_occupancy(db->slot);
+	if (db->inbox == NULL && occupancy.inbox_wanted && occupancy.inbox_pid == 0 &&
+		GetCurrentTimestamp() >= db->inbox_not_before)
 		start_inbox(db);
 }
 

@@ -22,7 +22,7 @@
 #include "key_lock.h"
 #include "metrics.h"
 #include "settings.h"
-#include "worker_slot.h"
+#include "shared_memory.h"
 
 PG_MODULE_MAGIC;
 
@@ -42,7 +42,7 @@ _PG_init(void)
 				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
 
 	settings_init();
-	worker_slots_init();
+	shared_memory_init();
 	metrics_init();
 	enqueue_init();
 	key_lock_init();

@@ -38,7 +38,8 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
-#include "inbox.h"
+#include "inbox_slot.h"
+#include "inbox_store.h"
 #include "launcher.h"
 #include "metrics.h"
 #include "pipeline.h"
@@ -173,7 +174,7 @@ look_for_inbox_subscriptions_when_due(void)
 	MemoryContext loop_context = CurrentMemoryContext;
 	TimestampTz now;
 
-	if (inbox_worker_wanted(my_slot))
+	if (worker_slot_occupancy(my_slot).inbox_wanted)
 		return;
 	now = GetCurrentTimestamp();
 	if (now >= inbox_look_at)
@@ -238,15 +239,13 @@ outbox_publisher_main(Datum main_arg)
 {
 	Pipeline   *pipeline;
 	MemoryContext loop_context;
-	uint32		generation;
 	Oid			database;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 
-	memcpy(&generation, MyBgworkerEntry->bgw_extra, sizeof(generation));
-	database = worker_slot_attach(DatumGetInt32(main_arg), generation);
+	database = worker_slot_attach(main_arg);
 	if (!OidIsValid(database))
 		proc_exit(0);			/* asked for by a launcher before this one */
 	my_slot = DatumGetInt32(main_arg);

@@ -40,6 +40,7 @@
 #include "utils/timestamp.h"
 
 #include "serving.h"
+#include "launcher_slot.h"
 #include "settings.h"
 #include "worker_slot.h"
 

@@ -93,8 +93,12 @@ settings_init(void)
 	emit_log_hook = hide_kafka_properties_in_log;
 }
 
+/*
+ * Where the workers connect: the brokers, the databases served, how many
+ * publishers, librdkafka's own properties.
+ */
 static void
-define_settings(void)
+define_connection_settings(void)
 {
 	DefineCustomStringVariable("outbox.brokers",
 							   "Kafka bootstrap servers the worker publishes to.",
@@ -147,7 +151,12 @@ define_settings(void)
 							   "",
 							   PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
 							   check_kafka_properties, NULL, show_kafka_properties);
+}
 
+/* How large a batch, and a message, may be. */
+static void
+define_size_settings(void)
+{
 	DefineCustomIntVariable("outbox.batch_size",
 							"Most messages the worker claims and publishes in one transaction.",
 							NULL,
@@ -170,6 +179,19 @@ define_settings(void)
 							PGC_SIGHUP, GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("outbox.max_payload_size",
+							"Largest Kafka record a new outbox message may make: payload, key and headers.",
+							"Counted as librdkafka counts a record against its message.max.bytes, whose default this is.",
+							&outbox_max_record_size,
+							DEFAULT_MAX_RECORD_SIZE, 0, MaxAllocSize,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+}
+
+/* When a failed message is tried again, and how often at most. */
+static void
+define_retry_settings(void)
+{
 	DefineCustomIntVariable("outbox.retry_backoff_base",
 							"Delay before the first retry of a failed message; doubled at each further attempt.",
 							"The delay actually used is drawn at random between half of it and all of it.",
@@ -193,7 +215,15 @@ define_settings(void)
 							DEFAULT_MAX_ATTEMPTS, 1, MAX_MAX_ATTEMPTS,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
+}
 
+/*
+ * The publisher's pace, what it keeps of delivered messages, and the
+ * standbys it waits for.
+ */
+static void
+define_publisher_loop_settings(void)
+{
 	DefineCustomIntVariable("outbox.poll_interval",
 							"Longest time the worker sleeps without being woken by a commit.",
 							"A safety net: the worker is woken at the commit of every transaction that enqueues.",
@@ -209,14 +239,6 @@ define_settings(void)
 							&outbox_max_wake_delay,
 							DEFAULT_MAX_WAKE_DELAY_MS, 0, MAX_MAX_WAKE_DELAY_MS,
 							PGC_SIGHUP, GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("outbox.max_payload_size",
-							"Largest Kafka record a new outbox message may make: payload, key and headers.",
-							"Counted as librdkafka counts a record against its message.max.bytes, whose default this is.",
-							&outbox_max_record_size,
-							DEFAULT_MAX_RECORD_SIZE, 0, MaxAllocSize,
-							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.sent_retention",
@@ -241,7 +263,12 @@ define_settings(void)
 							   "",
 							   PGC_SIGHUP, GUC_LIST_INPUT,
 							   check_standby_slot_list, NULL, NULL);
+}
 
+/* The inbox worker's batches and how long it remembers the ids received. */
+static void
+define_inbox_settings(void)
+{
 	DefineCustomIntVariable("outbox.inbox_batch_size",
 							"Most messages the inbox worker applies in one transaction.",
 							NULL,
@@ -263,7 +290,15 @@ define_settings(void)
 							DEFAULT_INBOX_DEDUP_RETENTION_S, 1, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
+}
 
+/*
+ * The trace context an enqueuing transaction gives its messages
+ * (trace_context.c checks them).
+ */
+static void
+define_trace_settings(void)
+{
 	/*
 	 * The trace context of what this session enqueues (trace_context.c),
 	 * set by the application's tracing for its transaction: SET LOCAL.
@@ -283,7 +318,18 @@ define_settings(void)
 							   "",
 							   PGC_USERSET, GUC_NOT_IN_SAMPLE,
 							   check_tracestate, NULL, NULL);
+}
 
+/* Define the settings, by concern; outbox.* is the extension's prefix. */
+static void
+define_settings(void)
+{
+	define_connection_settings();
+	define_size_settings();
+	define_retry_settings();
+	define_publisher_loop_settings();
+	define_inbox_settings();
+	define_trace_settings();
 	MarkGUCPrefixReserved("outbox");
 }
 

@@ -2,8 +2,11 @@
  *
  * status.c
  *	  The SQL functions over the workers' shared state: those behind the
- *	  outbox_worker and outbox_launcher views, and the fault drill that asks
- *	  the publishers for a fatal producer error.
+ *	  outbox_worker, outbox_launcher and inbox_worker views, and the fault
+ *	  drill that asks the publishers for a fatal producer error.  Each
+ *	  view's row is built with the same few helpers (StatusRow): a process
+ *	  that does not run, a time that never came and an error never had
+ *	  show as NULL in every view alike.
  *
  *-------------------------------------------------------------------------
  */
@@ -13,15 +16,19 @@
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 
+#include "inbox_slot.h"
+#include "launcher_slot.h"
 #include "settings.h"
 #include "worker_slot.h"
 
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_launcher_status);
 PG_FUNCTION_INFO_V1(outbox_simulate_fatal_error);
+PG_FUNCTION_INFO_V1(inbox_worker_status);
 
 /* The columns of outbox_worker_status(), as the install script declares them. */
 typedef enum WorkerStatusColumn
@@ -56,6 +63,85 @@ typedef enum LauncherStatusColumn
 	NUM_LAUNCHER_STATUS_COLUMNS
 } LauncherStatusColumn;
 
+/* The columns of inbox_worker_status(). */
+typedef enum InboxWorkerColumn
+{
+	COL_INBOX_PID,
+	COL_INBOX_STATE,
+	COL_INBOX_STARTED_AT,
+	COL_INBOX_APPLIED,
+	COL_INBOX_DUPLICATES,
+	COL_INBOX_FAILED,
+	COL_INBOX_DEAD_LETTERED,
+	COL_INBOX_LAST_APPLIED_AT,
+	COL_INBOX_LAST_ERROR,
+	COL_INBOX_LAST_ERROR_AT,
+	NUM_INBOX_WORKER_COLUMNS
+} InboxWorkerColumn;
+
+/* Room for the widest of those rows, outbox_worker_status()'s. */
+#define MAX_STATUS_COLUMNS ((int) NUM_WORKER_STATUS_COLUMNS)
+
+StaticAssertDecl((int) NUM_LAUNCHER_STATUS_COLUMNS <= MAX_STATUS_COLUMNS &&
+				 (int) NUM_INBOX_WORKER_COLUMNS <= MAX_STATUS_COLUMNS,
+				 "a status row has room for every view's columns");
+
+/* One row of a status function, filled column by column. */
+typedef struct StatusRow
+{
+	Datum		values[MAX_STATUS_COLUMNS];
+	bool		nulls[MAX_STATUS_COLUMNS];
+} StatusRow;
+
+/* A process's pid, NULL while none runs (0). */
+static void
+put_pid(StatusRow *row, int column, int pid)
+{
+	row->values[column] = Int32GetDatum(pid);
+	row->nulls[column] = pid == 0;
+}
+
+/* A time, NULL if it never came (0). */
+static void
+put_time(StatusRow *row, int column, TimestampTz time)
+{
+	row->values[column] = TimestampTzGetDatum(time);
+	row->nulls[column] = time == 0;
+}
+
+/* A count of shared memory's, as a bigint. */
+static void
+put_count(StatusRow *row, int column, uint64 count)
+{
+	row->values[column] = Int64GetDatum((int64) count);
+	row->nulls[column] = false;
+}
+
+/* A text, never NULL. */
+static void
+put_text(StatusRow *row, int column, const char *text)
+{
+	row->values[column] = CStringGetTextDatum(text);
+	row->nulls[column] = false;
+}
+
+/* The last error and when it came, both NULL if there was none. */
+static void
+put_last_error(StatusRow *row, int error_column, int at_column,
+			   const char *last_error, TimestampTz last_error_at)
+{
+	row->values[error_column] = CStringGetTextDatum(last_error);
+	row->nulls[error_column] = last_error[0] == '\0';
+	put_time(row, at_column, last_error_at);
+}
+
+/* Add the row to the function's result. */
+static void
+put_row(ReturnSetInfo *rsinfo, StatusRow *row)
+{
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row->values, row->nulls);
+}
+
 /*
  * A database's name as a text Datum, or *isnull: it is named by its oid in
  * shared memory, and may have just been dropped.
@@ -73,31 +159,23 @@ database_name_datum(Oid database, bool *isnull)
 static void
 put_publisher_row(ReturnSetInfo *rsinfo, int worker_id, const WorkerStatus *s)
 {
-	Datum		values[NUM_WORKER_STATUS_COLUMNS];
-	bool		nulls[NUM_WORKER_STATUS_COLUMNS] = {0};
+	StatusRow	row = {0};
 
-	values[COL_WORKER_ID] = Int32GetDatum(worker_id);
-	values[COL_DATABASE] = database_name_datum(s->database, &nulls[COL_DATABASE]);
-	values[COL_PID] = Int32GetDatum(s->pid);
-	nulls[COL_PID] = s->pid == 0;
-	values[COL_STATE] = CStringGetTextDatum(worker_state_name(s->state));
-	values[COL_BROKERS] = CStringGetTextDatum(outbox_brokers);
-	values[COL_BROKERS_REACHABLE] = BoolGetDatum(s->brokers_reachable);
-	nulls[COL_BROKERS_REACHABLE] = s->pid == 0;
-	values[COL_STARTED_AT] = TimestampTzGetDatum(s->started_at);
-	nulls[COL_STARTED_AT] = s->started_at == 0;
-	values[COL_PUBLISHED] = Int64GetDatum((int64) s->published);
+	row.values[COL_WORKER_ID] = Int32GetDatum(worker_id);
+	row.values[COL_DATABASE] = database_name_datum(s->database, &row.nulls[COL_DATABASE]);
+	put_pid(&row, COL_PID, s->pid);
+	put_text(&row, COL_STATE, worker_state_name(s->state));
+	put_text(&row, COL_BROKERS, outbox_brokers);
+	row.values[COL_BROKERS_REACHABLE] = BoolGetDatum(s->brokers_reachable);
+	row.nulls[COL_BROKERS_REACHABLE] = s->pid == 0;
+	put_time(&row, COL_STARTED_AT, s->started_at);
+	put_count(&row, COL_PUBLISHED, s->published);
 	/* "failed" counts the failed attempts that were scheduled for a retry */
-	values[COL_FAILED] = Int64GetDatum((int64) s->retries_scheduled);
-	values[COL_DEAD_LETTERED] = Int64GetDatum((int64) s->dead_lettered);
-	values[COL_LAST_PUBLISH_AT] = TimestampTzGetDatum(s->last_publish_at);
-	nulls[COL_LAST_PUBLISH_AT] = s->last_publish_at == 0;
-	values[COL_LAST_ERROR] = CStringGetTextDatum(s->last_error);
-	nulls[COL_LAST_ERROR] = s->last_error[0] == '\0';
-	values[COL_LAST_ERROR_AT] = TimestampTzGetDatum(s->last_error_at);
-	nulls[COL_LAST_ERROR_AT] = s->last_error_at == 0;
-
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	put_count(&row, COL_FAILED, s->retries_scheduled);
+	put_count(&row, COL_DEAD_LETTERED, s->dead_lettered);
+	put_time(&row, COL_LAST_PUBLISH_AT, s->last_publish_at);
+	put_last_error(&row, COL_LAST_ERROR, COL_LAST_ERROR_AT, s->last_error, s->last_error_at);
+	put_row(rsinfo, &row);
 }
 
 /*
@@ -143,8 +221,7 @@ Datum
 outbox_launcher_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Datum		values[NUM_LAUNCHER_STATUS_COLUMNS];
-	bool		nulls[NUM_LAUNCHER_STATUS_COLUMNS] = {0};
+	StatusRow	row = {0};
 	LauncherStatus l;
 	int			workers = 0;
 
@@ -157,20 +234,40 @@ outbox_launcher_status(PG_FUNCTION_ARGS)
 		workers += worker_slot_read(i, &status);
 	}
 
-	values[COL_LAUNCHER_PID] = Int32GetDatum(l.pid);
-	nulls[COL_LAUNCHER_PID] = l.pid == 0;
-	values[COL_LAUNCHER_STARTED_AT] = TimestampTzGetDatum(l.started_at);
-	nulls[COL_LAUNCHER_STARTED_AT] = l.started_at == 0;
-	values[COL_MAX_WORKERS] = Int32GetDatum(outbox_max_workers);
-	values[COL_WORKERS] = Int32GetDatum(workers);
-	values[COL_DATABASES_WAITING] = Int32GetDatum(l.databases_waiting);
-	values[COL_WAITING] = waiting_names(&l);
-	values[COL_LAUNCHER_LAST_ERROR] = CStringGetTextDatum(l.last_error);
-	nulls[COL_LAUNCHER_LAST_ERROR] = l.last_error[0] == '\0';
-	values[COL_LAUNCHER_LAST_ERROR_AT] = TimestampTzGetDatum(l.last_error_at);
-	nulls[COL_LAUNCHER_LAST_ERROR_AT] = l.last_error_at == 0;
+	put_pid(&row, COL_LAUNCHER_PID, l.pid);
+	put_time(&row, COL_LAUNCHER_STARTED_AT, l.started_at);
+	row.values[COL_MAX_WORKERS] = Int32GetDatum(outbox_max_workers);
+	row.values[COL_WORKERS] = Int32GetDatum(workers);
+	row.values[COL_DATABASES_WAITING] = Int32GetDatum(l.databases_waiting);
+	row.values[COL_WAITING] = waiting_names(&l);
+	put_last_error(&row, COL_LAUNCHER_LAST_ERROR, COL_LAUNCHER_LAST_ERROR_AT,
+				   l.last_error, l.last_error_at);
+	put_row(rsinfo, &row);
+	return (Datum) 0;
+}
 
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+/* One row: this database's inbox worker, or "stopped" if none runs. */
+Datum
+inbox_worker_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	StatusRow	row = {0};
+	InboxStatus s;
+
+	InitMaterializedSRF(fcinfo, 0);
+	(void) inbox_read(MyDatabaseId, &s);
+	put_pid(&row, COL_INBOX_PID, s.pid);
+	put_text(&row, COL_INBOX_STATE, inbox_state_name(s.pid == 0 ? INBOX_STOPPED : s.state));
+	/* a worker that left leaves its start behind */
+	put_time(&row, COL_INBOX_STARTED_AT, s.pid == 0 ? 0 : s.started_at);
+	put_count(&row, COL_INBOX_APPLIED, s.applied);
+	put_count(&row, COL_INBOX_DUPLICATES, s.duplicates);
+	put_count(&row, COL_INBOX_FAILED, s.failed);
+	put_count(&row, COL_INBOX_DEAD_LETTERED, s.dead_lettered);
+	put_time(&row, COL_INBOX_LAST_APPLIED_AT, s.last_applied_at);
+	put_last_error(&row, COL_INBOX_LAST_ERROR, COL_INBOX_LAST_ERROR_AT,
+				   s.last_error, s.last_error_at);
+	put_row(rsinfo, &row);
 	return (Datum) 0;
 }
 

@@ -908,6 +908,67 @@ run_isolated(const char *what, void (*run_step) (RecordingStep *step),
 }
 
 /*
+ * Sort a settled batch's messages by what becomes of them: delivered,
+ * retried or dead-lettered (DELIVERY_NOT_SENT ones are left as they are).
+ * A message not delivered, or one that waited behind it, stays below the
+ * claim floor, or the later messages of its key may.
+ */
+static void
+sort_by_outcome(OutboxMessage *messages, int count, OutboxMessage **delivered,
+				RecordingStep *retries, RecordingStep *dead, RecordedOutcomes *recorded)
+{
+	for (int i = 0; i < count; i++)
+	{
+		OutboxMessage *m = &messages[i];
+
+		if (m->outcome != DELIVERY_OK || m->waited)
+		{
+			store_lower_claim_floor(m->id);
+			recorded->floor_lowered = true;
+		}
+		if (m->outcome == DELIVERY_OK)
+			delivered[recorded->delivered++] = m;
+		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))
+			retries->messages[retries->count++] = m;
+		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_PERMANENT)
+			dead->messages[dead->count++] = m;
+	}
+}
+
+/*
+ * Move the hopeless messages to outbox_dead_letter, isolated; those that
+ * cannot be moved (all of them if the statement failed, else those whose
+ * id is there already) wait for a retry instead, with the reason.
+ */
+static void
+record_dead_letters(RecordingStep *dead, RecordedOutcomes *recorded)
+{
+	char	   *failure = run_isolated("move messages to outbox_dead_letter",
+									   move_to_dead_letter, dead);
+	RecordingStep kept = {0};
+
+	kept.messages = dead->kept;
+	kept.count = dead->kept_count;
+
+	if (failure)
+	{
+		kept.messages = dead->messages;
+		kept.count = dead->count;
+		kept.reason = psprintf("not moved to outbox_dead_letter (%s)", failure);
+	}
+	else if (kept.count > 0)
+	{
+		kept.reason = "not moved to outbox_dead_letter, which holds a dead letter with its id";
+		worker_report_error(LOG, "message %lld to topic \"%s\": %s",
+							(long long) kept.messages[0]->id, kept.messages[0]->topic,
+							kept.reason);
+	}
+	recorded->dead_lettered = dead->count - kept.count;
+	if (kept.count > 0 && run_isolated("schedule retries", schedule_retries, &kept) == NULL)
+		recorded->retries_scheduled += kept.count;
+}
+
+/*
  * Record a settled batch: delivered rows go (or stay as 'sent'), failed
  * ones wait for a retry or, when hopeless or out of attempts, move to
  * outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as they are.  Fills
@@ -931,55 +992,14 @@ store_record_outcomes(OutboxMessage *messages, int count, RecordedOutcomes *reco
 	dead.messages = palloc(sizeof(OutboxMessage *) * count);
 	dead.kept = palloc(sizeof(OutboxMessage *) * count);
 	memset(recorded, 0, sizeof(RecordedOutcomes));
-	for (int i = 0; i < count; i++)
-	{
-		OutboxMessage *m = &messages[i];
-
-		/* it stays below the floor, or the later messages of its key may */
-		if (m->outcome != DELIVERY_OK || m->waited)
-		{
-			store_lower_claim_floor(m->id);
-			recorded->floor_lowered = true;
-		}
-		if (m->outcome == DELIVERY_OK)
-			delivered[recorded->delivered++] = m;
-		else if (m->outcome == DELIVERY_RETRY && !out_of_attempts(m))
-			retries.messages[retries.count++] = m;
-		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_PERMANENT)
-			dead.messages[dead.count++] = m;
-	}
+	sort_by_outcome(messages, count, delivered, &retries, &dead, recorded);
 
 	if (recorded->delivered > 0 && outbox_sent_retention == 0)
 		delete_delivered(delivered, recorded->delivered);
 	else if (recorded->delivered > 0)
 		mark_sent(delivered, recorded->delivered);
-
 	if (dead.count > 0)
-	{
-		char	   *failure = run_isolated("move messages to outbox_dead_letter",
-										   move_to_dead_letter, &dead);
-		RecordingStep kept = {0};
-
-		kept.messages = dead.kept;
-		kept.count = dead.kept_count;
-
-		if (failure)
-		{
-			kept.messages = dead.messages;
-			kept.count = dead.count;
-			kept.reason = psprintf("not moved to outbox_dead_letter (%s)", failure);
-		}
-		else if (kept.count > 0)
-		{
-			kept.reason = "not moved to outbox_dead_letter, which holds a dead letter with its id";
-			worker_report_error(LOG, "message %lld to topic \"%s\": %s",
-								(long long) kept.messages[0]->id, kept.messages[0]->topic,
-								kept.reason);
-		}
-		recorded->dead_lettered = dead.count - kept.count;
-		if (kept.count > 0 && run_isolated("schedule retries", schedule_retries, &kept) == NULL)
-			recorded->retries_scheduled += kept.count;
-	}
+		record_dead_letters(&dead, recorded);
 	if (retries.count > 0 && run_isolated("schedule retries", schedule_retries, &retries) == NULL)
 		recorded->retries_scheduled += retries.count;
 }

@@ -1,11 +1,14 @@
 /*-------------------------------------------------------------------------
  *
  * worker_slot.c
- *	  The outbox's shared memory: the launcher's part, and an array of
- *	  outbox.max_workers slots, one per publishing worker.  This file is the
- *	  only one that touches it: the launcher hands the slots out, publishers
- *	  attach to theirs and report through it, backends wake publishers,
- *	  tell the launcher about databases and read it all for the views.
+ *	  The publishers' slots in the outbox's shared memory
+ *	  (slot_internal.h, allocated by shared_memory.c): an array of
+ *	  outbox.max_workers slots, one per publishing worker, each with its
+ *	  database's inbox part (inbox_slot.c).  This file owns the slots'
+ *	  publisher side: the launcher hands them out, publishers attach to
+ *	  theirs and report through it, backends wake publishers and read it for
+ *	  the views.  It also says where a worker's errors are recorded, for the
+ *	  publisher and the inbox worker alike (worker_report_error()).
  *
  * Locking rule.  The array is sized at server start and never changes.  A
  * slot is handed out by the launcher alone (worker_slot_assign(): its
@@ -18,19 +21,17 @@
  * slot's own worker writes the rest, except fatal_error_drill, which
  * outbox_simulate_fatal_error() sets, and the two atomic ids of its claim
  * floor, which any backend of its database lowers (compare-and-swap) and
- * only the worker raises.  The slot's inbox part (InboxPart) is written,
- * under the same spinlock, by the database's inbox worker, but for wanted,
- * which backends and the publisher set and the inbox worker clears; its
- * counters are atomics too.
+ * only the worker raises.  The slot's inbox part follows the same rule
+ * (inbox_slot.c).  A slot's spinlock is never held with launcher_lock
+ * (launcher_slot.c): a worker leaving its slot wakes the launcher after
+ * releasing it.
  *
- * The launcher's part is read and written under launcher_lock (an LWLock),
- * never held with a slot's spinlock nor across anything but copying: the
- * backends append the databases they announce and the holds they take, the
- * probe its result, the launcher the rest.
- *
- * A worker's report functions may also run inside librdkafka's callbacks:
- * those run on the worker's own thread, from rd_kafka_poll() (producer.c),
- * never on librdkafka's threads, so they may ereport.
+ * A worker's report functions run on the worker's one thread: also from
+ * the handlers of its Kafka process's frames (ERROR, CONSUME_ERROR, in
+ * producer.c and inbox_consumer.c), which kafka_link.c calls as it reads
+ * the socket, and from kafka_link.c when that process has died.  librdkafka
+ * runs in the Kafka process alone, never in a PostgreSQL process, so they
+ * may ereport.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,85 +39,22 @@
 
 #include "miscadmin.h"
 #include "port/atomics.h"
+#include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "storage/lwlock.h"
-#include "storage/proc.h"
-#include "storage/procarray.h"
-#include "storage/shmem.h"
 #include "storage/spin.h"
 
-#include "settings.h"
+#include "slot_internal.h"
 #include "worker_slot.h"
 
-/*
- * The inbox worker of a slot's database (inbox_worker.c), which consumes
- * for its subscriptions.  It lives beside the publisher, in its slot, and
- * under its spinlock: it attaches with the slot's generation and leaves once
- * the slot is handed out again.  wanted says the database has
- * subscriptions (or may have: a backend sets it when one is made, the
- * publisher when it finds some, the inbox worker clears it when it finds
- * none); the launcher starts an inbox worker while it is set.
- */
-typedef struct InboxPart
-{
-	bool		wanted;
-	int			pid;			/* 0 while no inbox worker runs */
-	Latch	   *latch;
-	InboxWorkerState state;
-	TimestampTz started_at;
-	TimestampTz last_applied_at;
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-	pg_atomic_uint64 applied;
-	pg_atomic_uint64 duplicates;
-	pg_atomic_uint64 failed;
-	pg_atomic_uint64 dead_lettered;
-} InboxPart;
-
-typedef struct OutboxWorkerSlot
-{
-	slock_t		mutex;
-	Oid			database;		/* the one it serves; InvalidOid: free */
-	Oid			last_database;	/* the one it served last, for its counters */
-	uint32		generation;		/* bumped each time it is handed out */
-	int			pid;			/* 0 while no worker runs */
-	Latch	   *latch;			/* set to wake the worker */
-	OutboxWorkerState state;
-	WorkerExitReason exit_reason;
-	bool		brokers_reachable;
-	TimestampTz started_at;
-	TimestampTz last_publish_at;
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-	pg_atomic_uint64 published;
-	pg_atomic_uint64 retries_scheduled;
-	pg_atomic_uint64 dead_lettered;
-	pg_atomic_uint32 fatal_error_drill; /* see outbox_simulate_fatal_error() */
-	pg_atomic_uint64 committed_below;	/* lowest id committed since the worker
-										 * last looked, or NO_ID (store.c's
-										 * claim floor) */
-	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
-										 * or NO_ID */
-	pg_atomic_uint64 delayed_due;	/* earliest time a delayed message
-									 * committed since the worker last looked
-									 * is due, encoded as an id, or NO_ID */
-	InboxPart	inbox;
-} OutboxWorkerSlot;
-
-/*
- * Ids in those atomics, in an order-keeping unsigned form; NO_ID is above
- * all.  (The id PG_INT64_MAX cannot be told from none: no sequence reaches
- * it.)
- */
-#define NO_ID PG_UINT64_MAX
-
+/* An id in the claim floor's atomics, in an order-keeping unsigned form. */
 static uint64
 encode_id(int64 id)
 {
 	return (uint64) id ^ (UINT64CONST(1) << 63);
 }
 
+/* The id of encode_id()'s form. */
 static int64
 decode_id(uint64 v)
 {
@@ -133,46 +71,18 @@ atomic_lower(pg_atomic_uint64 *v, uint64 x)
 		;
 }
 
-typedef struct DatabaseHold
-{
-	Oid			database;
-	int			pid;			/* the backend that holds it */
-} DatabaseHold;
-
-typedef struct LauncherShared
-{
-	int			pid;			/* 0 while no launcher runs */
-	Latch	   *latch;
-	TimestampTz started_at;
-	int			announced_count;
-	Oid			announced[LAUNCHER_MAX_ANNOUNCED];
-	bool		announcements_lost; /* announced overflowed */
-	bool		rescan_requested;
-	DatabaseHold holds[LAUNCHER_MAX_HOLDS];
-	Oid			probe_database;
-	ProbeResult probe_result;
-	int			databases_waiting;
-	int			listed_waiting;
-	Oid			waiting[LAUNCHER_MAX_LISTED_WAITING];
-	TimestampTz last_error_at;
-	char		last_error[WORKER_LAST_ERROR_LEN];
-} LauncherShared;
-
-typedef struct OutboxShared
-{
-	LWLock	   *launcher_lock;
-	LauncherShared launcher;
-	int			slot_count;
-	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
-} OutboxShared;
-
-static OutboxShared *shared = NULL;
 static OutboxWorkerSlot *my_slot = NULL;	/* this worker's, once attached */
-static OutboxWorkerSlot *my_inbox_slot = NULL;	/* an inbox worker's */
-static uint32 my_inbox_generation;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+/*
+ * Where this process records the errors it lives through
+ * (worker_record_error()), under error_slot's spinlock: a publisher's slot's
+ * last_error, or an inbox worker's slot's inbox part's; and how its log
+ * lines begin.  Set as it attaches, cleared as it leaves.
+ */
+static OutboxWorkerSlot *error_slot = NULL;
+static const char *error_prefix = "outbox";
+static char *error_text = NULL;
+static TimestampTz *error_text_at = NULL;
 
 static const char *const state_names[] = {
 	[WORKER_STOPPED] = "stopped",
@@ -183,87 +93,18 @@ static const char *const state_names[] = {
 	[WORKER_PUBLISHING] = "publishing",
 };
 
-static const char *const inbox_state_names[] = {
-	[INBOX_STOPPED] = "stopped",
-	[INBOX_STARTING] = "starting",
-	[INBOX_WAITING_FOR_BROKERS] = "waiting for brokers",
-	[INBOX_IDLE] = "idle",
-	[INBOX_APPLYING] = "applying",
-};
-
-static Size
-shared_size(void)
-{
-	return add_size(offsetof(OutboxShared, slots),
-					mul_size(sizeof(OutboxWorkerSlot), outbox_max_workers));
-}
-
-static void
-outbox_shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(shared_size()));
-	RequestNamedLWLockTranche("outbox", 1);
-}
-
-static void
-outbox_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	shared = ShmemInitStruct("outbox", shared_size(), &found);
-	if (!found)
-	{
-		memset(shared, 0, shared_size());
-		shared->launcher_lock = &(GetNamedLWLockTranche("outbox"))->lock;
-		shared->slot_count = outbox_max_workers;
-		for (int i = 0; i < shared->slot_count; i++)
-		{
-			OutboxWorkerSlot *slot = &shared->slots[i];
-
-			SpinLockInit(&slot->mutex);
-			pg_atomic_init_u64(&slot->published, 0);
-			pg_atomic_init_u64(&slot->retries_scheduled, 0);
-			pg_atomic_init_u64(&slot->dead_lettered, 0);
-			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
-			pg_atomic_init_u64(&slot->committed_below, NO_ID);
-			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
-			pg_atomic_init_u64(&slot->delayed_due, NO_ID);
-			pg_atomic_init_u64(&slot->inbox.applied, 0);
-			pg_atomic_init_u64(&slot->inbox.duplicates, 0);
-			pg_atomic_init_u64(&slot->inbox.failed, 0);
-			pg_atomic_init_u64(&slot->inbox.dead_lettered, 0);
-		}
-	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Ask for the shared memory; in _PG_init, once the settings are defined. */
-void
-worker_slots_init(void)
-{
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_shmem_startup;
-}
-
+/* How many slots there are: outbox.max_workers at server start. */
 int
 worker_slot_count(void)
 {
-	return shared->slot_count;
+	return outbox_shared->slot_count;
 }
 
 /* Copy slot number i; returns false if it is free. */
 bool
 worker_slot_read(int i, WorkerStatus *status)
 {
-	OutboxWorkerSlot *slot = &shared->slots[i];
+	OutboxWorkerSlot *slot = &outbox_shared->slots[i];
 
 	SpinLockAcquire(&slot->mutex);
 	status->database = slot->database;
@@ -282,22 +123,55 @@ worker_slot_read(int i, WorkerStatus *status)
 	return OidIsValid(status->database);
 }
 
+/* The name of a publisher's state, as outbox_worker shows it. */
 const char *
 worker_state_name(OutboxWorkerState state)
 {
 	return state_names[state];
 }
 
-/* The database the slot is handed out for; InvalidOid while it is free. */
-static Oid
-slot_database(OutboxWorkerSlot *slot)
+/*
+ * Who is in the slot, copied at once: the one read of a slot's fields
+ * under its spinlock that the launcher, a publisher and an inbox worker
+ * make to learn whose it is.
+ */
+SlotOccupancy
+slot_occupancy(OutboxWorkerSlot *slot)
 {
-	Oid			served;
+	SlotOccupancy occupancy;
 
 	SpinLockAcquire(&slot->mutex);
-	served = slot->database;
+	occupancy.database = slot->database;
+	occupancy.generation = slot->generation;
+	occupancy.publisher_pid = slot->pid;
+	occupancy.exit_reason = slot->exit_reason;
+	occupancy.inbox_wanted = OidIsValid(slot->database) && slot->inbox.wanted;
+	occupancy.inbox_pid = slot->inbox.pid;
 	SpinLockRelease(&slot->mutex);
-	return served;
+	return occupancy;
+}
+
+/* Who is in slot number i; see slot_occupancy(). */
+SlotOccupancy
+worker_slot_occupancy(int i)
+{
+	return slot_occupancy(&outbox_shared->slots[i]);
+}
+
+/*
+ * The slot a publisher or an inbox worker was started for: its number is
+ * the worker's main_arg, and *generation, that of the slot as it was
+ * handed out, is in bgw_extra (as launcher.c's start_worker() puts them).
+ */
+OutboxWorkerSlot *
+slot_asked_for(Datum main_arg, uint32 *generation)
+{
+	int			i = DatumGetInt32(main_arg);
+
+	if (i < 0 || i >= outbox_shared->slot_count)
+		elog(FATAL, "outbox: worker slot %d does not exist", i);
+	memcpy(generation, MyBgworkerEntry->bgw_extra, sizeof(*generation));
+	return &outbox_shared->slots[i];
 }
 
 /* Set the latch of the worker in this slot, if one runs. */
@@ -314,12 +188,12 @@ wake(OutboxWorkerSlot *slot)
 }
 
 /* The slot handed out for this database, or NULL if none is. */
-static OutboxWorkerSlot *
+OutboxWorkerSlot *
 slot_of_database(Oid database)
 {
-	for (int i = 0; i < shared->slot_count; i++)
-		if (slot_database(&shared->slots[i]) == database)
-			return &shared->slots[i];
+	for (int i = 0; i < outbox_shared->slot_count; i++)
+		if (slot_occupancy(&outbox_shared->slots[i]).database == database)
+			return &outbox_shared->slots[i];
 	return NULL;
 }
 
@@ -379,278 +253,13 @@ worker_note_delayed_message(Oid database, TimestampTz due)
 void
 worker_request_fatal_error_drill(void)
 {
-	for (int i = 0; i < shared->slot_count; i++)
+	for (int i = 0; i < outbox_shared->slot_count; i++)
 	{
-		OutboxWorkerSlot *slot = &shared->slots[i];
+		OutboxWorkerSlot *slot = &outbox_shared->slots[i];
 
 		pg_atomic_write_u32(&slot->fatal_error_drill, 1);
 		wake(slot);
 	}
-}
-
-/*
- * The launcher's part.
- */
-
-/* Set the launcher's latch, if it runs; call it with launcher_lock held. */
-static void
-wake_launcher_locked(void)
-{
-	if (shared->launcher.latch)
-		SetLatch(shared->launcher.latch);
-}
-
-void
-launcher_read(LauncherStatus *status)
-{
-	LauncherShared *l = &shared->launcher;
-
-	LWLockAcquire(shared->launcher_lock, LW_SHARED);
-	status->pid = l->pid;
-	status->started_at = l->started_at;
-	status->databases_waiting = l->databases_waiting;
-	status->listed_waiting = l->listed_waiting;
-	memcpy(status->waiting, l->waiting, sizeof(status->waiting));
-	status->last_error_at = l->last_error_at;
-	memcpy(status->last_error, l->last_error, WORKER_LAST_ERROR_LEN);
-	LWLockRelease(shared->launcher_lock);
-}
-
-/*
- * Tell the launcher that this database has the extension (it was created,
- * or a transaction there enqueued while no publisher serves it).  Call it
- * once that is committed.
- */
-void
-launcher_announce_database(Oid database)
-{
-	LauncherShared *l = &shared->launcher;
-	bool		known = false;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < l->announced_count; i++)
-		known |= l->announced[i] == database;
-	if (known)
-		;
-	else if (l->announced_count < LAUNCHER_MAX_ANNOUNCED)
-		l->announced[l->announced_count++] = database;
-	else
-		l->announcements_lost = true;
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-}
-
-/* Ask the launcher to look at every database again (one was created). */
-void
-launcher_request_rescan(void)
-{
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	shared->launcher.rescan_requested = true;
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-}
-
-/*
- * Is this database, which no slot serves, waiting for one?  Past the
- * databases listed, any may be.
- */
-bool
-launcher_database_waiting(Oid database)
-{
-	LauncherShared *l = &shared->launcher;
-	bool		waiting;
-
-	LWLockAcquire(shared->launcher_lock, LW_SHARED);
-	waiting = l->databases_waiting > l->listed_waiting;
-	for (int i = 0; i < l->listed_waiting; i++)
-		waiting |= l->waiting[i] == database;
-	LWLockRelease(shared->launcher_lock);
-	return waiting;
-}
-
-/*
- * Hold the launcher off this database: it stops its publisher and starts
- * none until this backend releases it or exits.  Returns false if there
- * is no room for one more hold.
- */
-bool
-launcher_hold_database(Oid database)
-{
-	LauncherShared *l = &shared->launcher;
-	bool		held = false;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < LAUNCHER_MAX_HOLDS && !held; i++)
-	{
-		if (l->holds[i].pid != 0)
-			continue;
-		l->holds[i].database = database;
-		l->holds[i].pid = MyProcPid;
-		held = true;
-	}
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-	return held;
-}
-
-/* Release this backend's hold on the database. */
-void
-launcher_release_database(Oid database)
-{
-	LauncherShared *l = &shared->launcher;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < LAUNCHER_MAX_HOLDS; i++)
-		if (l->holds[i].pid == MyProcPid && l->holds[i].database == database)
-			l->holds[i].pid = 0;
-	l->rescan_requested = true;
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-}
-
-static void
-launcher_detach(int code, Datum arg)
-{
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	shared->launcher.pid = 0;
-	shared->launcher.latch = NULL;
-	LWLockRelease(shared->launcher_lock);
-}
-
-/* Take the launcher's part for this process, until it exits. */
-void
-launcher_attach(void)
-{
-	TimestampTz now = GetCurrentTimestamp();
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	shared->launcher.pid = MyProcPid;
-	shared->launcher.latch = MyLatch;
-	shared->launcher.started_at = now;
-	shared->launcher.rescan_requested = true;
-	LWLockRelease(shared->launcher_lock);
-	on_shmem_exit(launcher_detach, 0);
-}
-
-/*
- * Take the databases announced since the last call, into databases
- * (LAUNCHER_MAX_ANNOUNCED of them at most), and returns how many.  *rescan
- * says whether pg_database is to be read again; *lost, whether some
- * announcements found no room, so that any database may have been
- * announced.
- */
-int
-launcher_take_announced(Oid *databases, bool *rescan, bool *lost)
-{
-	LauncherShared *l = &shared->launcher;
-	int			count;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	count = l->announced_count;
-	memcpy(databases, l->announced, count * sizeof(Oid));
-	l->announced_count = 0;
-	*rescan = l->rescan_requested;
-	*lost = l->announcements_lost;
-	l->rescan_requested = false;
-	l->announcements_lost = false;
-	LWLockRelease(shared->launcher_lock);
-	return count;
-}
-
-/*
- * The databases that live backends hold the launcher off, into databases
- * (LAUNCHER_MAX_HOLDS of them at most); returns how many.  Holds of
- * backends that exited without releasing them go.
- */
-int
-launcher_read_holds(Oid *databases)
-{
-	LauncherShared *l = &shared->launcher;
-	int			count = 0;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	for (int i = 0; i < LAUNCHER_MAX_HOLDS; i++)
-	{
-		DatabaseHold *hold = &l->holds[i];
-
-		if (hold->pid == 0)
-			continue;
-		if (BackendPidGetProc(hold->pid) == NULL)
-			hold->pid = 0;
-		else
-			databases[count++] = hold->database;
-	}
-	LWLockRelease(shared->launcher_lock);
-	return count;
-}
-
-/* Say which databases wait for a slot (all of them counted, some listed). */
-void
-launcher_publish_waiting(const Oid *databases, int count)
-{
-	LauncherShared *l = &shared->launcher;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	l->databases_waiting = count;
-	l->listed_waiting = Min(count, LAUNCHER_MAX_LISTED_WAITING);
-	memcpy(l->waiting, databases, l->listed_waiting * sizeof(Oid));
-	LWLockRelease(shared->launcher_lock);
-}
-
-/*
- * Report an error the launcher lives through: into the server log and
- * into outbox_launcher's last_error.
- */
-void
-launcher_report_error(const char *fmt,...)
-{
-	char		message[WORKER_LAST_ERROR_LEN];
-	TimestampTz now = GetCurrentTimestamp();
-	va_list		args;
-
-	va_start(args, fmt);
-	vsnprintf(message, sizeof(message), fmt, args);
-	va_end(args);
-
-	ereport(LOG, (errmsg("outbox launcher: %s", message)));
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	memcpy(shared->launcher.last_error, message, sizeof(message));
-	shared->launcher.last_error_at = now;
-	LWLockRelease(shared->launcher_lock);
-}
-
-/* A probe of this database is about to start; it has no result yet. */
-void
-launcher_begin_probe(Oid database)
-{
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	shared->launcher.probe_database = database;
-	shared->launcher.probe_result = PROBE_NONE;
-	LWLockRelease(shared->launcher_lock);
-}
-
-/* What the probe that has ended found. */
-ProbeResult
-launcher_end_probe(void)
-{
-	ProbeResult result;
-
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	result = shared->launcher.probe_result;
-	shared->launcher.probe_database = InvalidOid;
-	LWLockRelease(shared->launcher_lock);
-	return result;
-}
-
-/* In a probe: what it found in its database. */
-void
-probe_report(Oid database, ProbeResult result)
-{
-	LWLockAcquire(shared->launcher_lock, LW_EXCLUSIVE);
-	if (shared->launcher.probe_database == database)
-		shared->launcher.probe_result = result;
-	LWLockRelease(shared->launcher_lock);
 }
 
 /*
@@ -665,10 +274,10 @@ worker_slot_assign(Oid database, uint32 *generation)
 	int			chosen = -1;
 	OutboxWorkerSlot *slot;
 
-	for (int i = 0; i < shared->slot_count; i++)
+	for (int i = 0; i < outbox_shared->slot_count; i++)
 	{
-		slot = &shared->slots[i];
-		if (OidIsValid(slot_database(slot)))
+		slot = &outbox_shared->slots[i];
+		if (OidIsValid(slot_occupancy(slot).database))
 			continue;
 		if (chosen < 0 || slot->last_database == database)
 			chosen = i;
@@ -676,7 +285,7 @@ worker_slot_assign(Oid database, uint32 *generation)
 	if (chosen < 0)
 		return -1;
 
-	slot = &shared->slots[chosen];
+	slot = &outbox_shared->slots[chosen];
 	if (slot->last_database != database)
 	{
 		pg_atomic_write_u64(&slot->published, 0);
@@ -713,38 +322,12 @@ worker_slot_assign(Oid database, uint32 *generation)
 void
 worker_slot_release(int i)
 {
-	OutboxWorkerSlot *slot = &shared->slots[i];
+	OutboxWorkerSlot *slot = &outbox_shared->slots[i];
 
 	SpinLockAcquire(&slot->mutex);
 	slot->database = InvalidOid;
 	slot->state = WORKER_STOPPED;
 	SpinLockRelease(&slot->mutex);
-}
-
-/* The pid of the slot's worker, 0 if none is attached. */
-int
-worker_slot_pid(int i)
-{
-	OutboxWorkerSlot *slot = &shared->slots[i];
-	int			pid;
-
-	SpinLockAcquire(&slot->mutex);
-	pid = slot->pid;
-	SpinLockRelease(&slot->mutex);
-	return pid;
-}
-
-/* Why the slot's last worker left. */
-WorkerExitReason
-worker_slot_exit_reason(int i)
-{
-	OutboxWorkerSlot *slot = &shared->slots[i];
-	WorkerExitReason reason;
-
-	SpinLockAcquire(&slot->mutex);
-	reason = slot->exit_reason;
-	SpinLockRelease(&slot->mutex);
-	return reason;
 }
 
 /* The worker leaves its slot, and wakes the launcher to say so. */
@@ -758,28 +341,25 @@ detach(int code, Datum arg)
 	my_slot->brokers_reachable = false;
 	SpinLockRelease(&my_slot->mutex);
 	my_slot = NULL;
+	slot_record_errors_in(NULL, "outbox", NULL, NULL);
 
-	LWLockAcquire(shared->launcher_lock, LW_SHARED);
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
+	launcher_wake();
 }
 
 /*
- * Take slot number i for this worker, until it exits.  Returns the database
- * it was handed out for, or InvalidOid if it has been handed out again
- * since this worker was asked for (generation): then the worker has
- * nothing to do.
+ * Take the slot this worker was started for (see slot_asked_for()), until
+ * it exits.  Returns the database it was handed out for, or InvalidOid if
+ * it has been handed out again since this worker was asked for: then the
+ * worker has nothing to do.
  */
 Oid
-worker_slot_attach(int i, uint32 generation)
+worker_slot_attach(Datum main_arg)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	uint32		generation;
 	Oid			database = InvalidOid;
 
-	if (i < 0 || i >= shared->slot_count)
-		elog(FATAL, "outbox: worker slot %d does not exist", i);
-	my_slot = &shared->slots[i];
-
+	my_slot = slot_asked_for(main_arg, &generation);
 	SpinLockAcquire(&my_slot->mutex);
 	if (my_slot->generation == generation && my_slot->pid == 0)
 	{
@@ -799,6 +379,7 @@ worker_slot_attach(int i, uint32 generation)
 	pg_atomic_write_u64(&my_slot->committed_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->prepared_below, NO_ID);
 	pg_atomic_write_u64(&my_slot->delayed_due, NO_ID);
+	slot_record_errors_in(my_slot, "outbox", my_slot->last_error, &my_slot->last_error_at);
 	on_shmem_exit(detach, 0);
 	return database;
 }
@@ -812,6 +393,7 @@ worker_report_exit(WorkerExitReason reason)
 	SpinLockRelease(&my_slot->mutex);
 }
 
+/* Say what this publisher is doing, for outbox_worker. */
 void
 worker_report_state(OutboxWorkerState state)
 {
@@ -820,6 +402,7 @@ worker_report_state(OutboxWorkerState state)
 	SpinLockRelease(&my_slot->mutex);
 }
 
+/* Say whether the brokers answered this publisher last, for outbox_worker. */
 void
 worker_report_brokers_reachable(bool reachable)
 {
@@ -828,6 +411,7 @@ worker_report_brokers_reachable(bool reachable)
 	SpinLockRelease(&my_slot->mutex);
 }
 
+/* Did the brokers answer this publisher last, as it reported? */
 bool
 worker_brokers_known_reachable(void)
 {
@@ -856,7 +440,7 @@ worker_report_error(int elevel, const char *fmt,...)
 	vsnprintf(message, sizeof(message), fmt, args);
 	va_end(args);
 
-	ereport(elevel, (errmsg("%s: %s", my_slot ? "outbox" : "outbox inbox", message)));
+	ereport(elevel, (errmsg("%s: %s", error_prefix, message)));
 	worker_record_error(message);
 }
 
@@ -870,18 +454,28 @@ worker_record_error(const char *message)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	if (my_slot == NULL)
-	{
-		SpinLockAcquire(&my_inbox_slot->mutex);
-		strlcpy(my_inbox_slot->inbox.last_error, message, WORKER_LAST_ERROR_LEN);
-		my_inbox_slot->inbox.last_error_at = now;
-		SpinLockRelease(&my_inbox_slot->mutex);
-		return;
-	}
-	SpinLockAcquire(&my_slot->mutex);
-	strlcpy(my_slot->last_error, message, WORKER_LAST_ERROR_LEN);
-	my_slot->last_error_at = now;
-	SpinLockRelease(&my_slot->mutex);
+	if (error_slot == NULL)
+		return;					/* not attached: the log says it alone */
+	SpinLockAcquire(&error_slot->mutex);
+	strlcpy(error_text, message, WORKER_LAST_ERROR_LEN);
+	*error_text_at = now;
+	SpinLockRelease(&error_slot->mutex);
+}
+
+/*
+ * Record this process's errors from now on in last_error and
+ * last_error_at, fields of slot (under its spinlock), and begin its log
+ * lines with prefix: as a publisher or an inbox worker attaches; slot NULL
+ * as it leaves.
+ */
+void
+slot_record_errors_in(OutboxWorkerSlot *slot, const char *prefix,
+					  char *last_error, TimestampTz *last_error_at)
+{
+	error_slot = slot;
+	error_prefix = prefix;
+	error_text = last_error;
+	error_text_at = last_error_at;
 }
 
 /* Count a recorded batch's outcomes. */
@@ -959,218 +553,4 @@ worker_release_claim_floor(int64 lowest)
 	uint64		expected = encode_id(lowest);
 
 	return pg_atomic_compare_exchange_u64(&my_slot->prepared_below, &expected, NO_ID);
-}
-
-/*
- * The inbox part of the slots.
- */
-
-const char *
-inbox_state_name(InboxWorkerState state)
-{
-	return inbox_state_names[state];
-}
-
-/*
- * This database has a subscription now (call it once that is committed):
- * the launcher is to start its inbox worker, if none runs, and the one that
- * runs is to read its subscriptions again.  If no slot is handed out for
- * the database, its publisher sets wanted when it starts.
- */
-void
-inbox_want_worker(Oid database)
-{
-	OutboxWorkerSlot *slot = slot_of_database(database);
-	Latch	   *latch = NULL;
-
-	if (slot == NULL)
-		return;
-	SpinLockAcquire(&slot->mutex);
-	if (slot->database == database)
-	{
-		slot->inbox.wanted = true;
-		latch = slot->inbox.latch;
-	}
-	SpinLockRelease(&slot->mutex);
-	if (latch)
-		SetLatch(latch);
-	LWLockAcquire(shared->launcher_lock, LW_SHARED);
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-}
-
-/* Copy the inbox part of this database's slot; false if no slot serves it. */
-bool
-inbox_read(Oid database, InboxStatus *status)
-{
-	OutboxWorkerSlot *slot = slot_of_database(database);
-	InboxPart  *inbox;
-	bool		found;
-
-	memset(status, 0, sizeof(*status));
-	if (slot == NULL)
-		return false;
-	inbox = &slot->inbox;
-	SpinLockAcquire(&slot->mutex);
-	found = slot->database == database;
-	if (found)
-	{
-		status->pid = inbox->pid;
-		status->state = inbox->state;
-		status->started_at = inbox->started_at;
-		status->last_applied_at = inbox->last_applied_at;
-		status->last_error_at = inbox->last_error_at;
-		memcpy(status->last_error, inbox->last_error, WORKER_LAST_ERROR_LEN);
-	}
-	SpinLockRelease(&slot->mutex);
-	status->applied = pg_atomic_read_u64(&inbox->applied);
-	status->duplicates = pg_atomic_read_u64(&inbox->duplicates);
-	status->failed = pg_atomic_read_u64(&inbox->failed);
-	status->dead_lettered = pg_atomic_read_u64(&inbox->dead_lettered);
-	return found;
-}
-
-/* In the launcher: should slot i's database have an inbox worker? */
-bool
-inbox_worker_wanted(int i)
-{
-	OutboxWorkerSlot *slot = &shared->slots[i];
-	bool		wanted;
-
-	SpinLockAcquire(&slot->mutex);
-	wanted = OidIsValid(slot->database) && slot->inbox.wanted;
-	SpinLockRelease(&slot->mutex);
-	return wanted;
-}
-
-/* The pid of slot i's inbox worker, 0 if none is attached. */
-int
-inbox_worker_pid(int i)
-{
-	OutboxWorkerSlot *slot = &shared->slots[i];
-	int			pid;
-
-	SpinLockAcquire(&slot->mutex);
-	pid = slot->inbox.pid;
-	SpinLockRelease(&slot->mutex);
-	return pid;
-}
-
-/* The generation slot i was last handed out with, for its inbox worker. */
-uint32
-worker_slot_generation(int i)
-{
-	OutboxWorkerSlot *slot = &shared->slots[i];
-	uint32		generation;
-
-	SpinLockAcquire(&slot->mutex);
-	generation = slot->generation;
-	SpinLockRelease(&slot->mutex);
-	return generation;
-}
-
-/* The inbox worker leaves its slot, and wakes the launcher to say so. */
-static void
-inbox_detach(int code, Datum arg)
-{
-	InboxPart  *inbox = &my_inbox_slot->inbox;
-
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	inbox->pid = 0;
-	inbox->latch = NULL;
-	inbox->state = INBOX_STOPPED;
-	SpinLockRelease(&my_inbox_slot->mutex);
-	my_inbox_slot = NULL;
-
-	LWLockAcquire(shared->launcher_lock, LW_SHARED);
-	wake_launcher_locked();
-	LWLockRelease(shared->launcher_lock);
-}
-
-/*
- * Take the inbox part of slot i for this inbox worker, until it exits.
- * Returns the slot's database, or InvalidOid if the slot has been handed
- * out again since this worker was asked for, or has an inbox worker.
- */
-Oid
-inbox_attach(int i, uint32 generation)
-{
-	TimestampTz now = GetCurrentTimestamp();
-	OutboxWorkerSlot *slot;
-	Oid			database = InvalidOid;
-
-	if (i < 0 || i >= shared->slot_count)
-		elog(FATAL, "outbox: worker slot %d does not exist", i);
-	slot = &shared->slots[i];
-
-	SpinLockAcquire(&slot->mutex);
-	if (slot->generation == generation && slot->inbox.pid == 0)
-	{
-		database = slot->database;
-		slot->inbox.pid = MyProcPid;
-		slot->inbox.latch = MyLatch;
-		slot->inbox.state = INBOX_STARTING;
-		slot->inbox.started_at = now;
-	}
-	SpinLockRelease(&slot->mutex);
-	if (!OidIsValid(database))
-		return InvalidOid;
-	my_inbox_slot = slot;
-	my_inbox_generation = generation;
-	on_shmem_exit(inbox_detach, 0);
-	return database;
-}
-
-/* Is this inbox worker's slot still handed out as it was when it attached? */
-bool
-inbox_slot_still_mine(void)
-{
-	bool		mine;
-
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	mine = my_inbox_slot->generation == my_inbox_generation &&
-		OidIsValid(my_inbox_slot->database);
-	SpinLockRelease(&my_inbox_slot->mutex);
-	return mine;
-}
-
-/*
- * The inbox worker found no subscription: the launcher is not to start
- * another until one is made.  Call it before looking a last time, so that a
- * subscription committed meanwhile sets wanted again.
- */
-void
-inbox_forget_wanted(void)
-{
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	my_inbox_slot->inbox.wanted = false;
-	SpinLockRelease(&my_inbox_slot->mutex);
-}
-
-void
-inbox_report_state(InboxWorkerState state)
-{
-	SpinLockAcquire(&my_inbox_slot->mutex);
-	my_inbox_slot->inbox.state = state;
-	SpinLockRelease(&my_inbox_slot->mutex);
-}
-
-/* Count a committed batch's outcomes. */
-void
-inbox_count_outcomes(uint64 applied, uint64 duplicates, uint64 failed, uint64 dead_lettered)
-{
-	InboxPart  *inbox = &my_inbox_slot->inbox;
-
-	pg_atomic_fetch_add_u64(&inbox->applied, applied);
-	pg_atomic_fetch_add_u64(&inbox->duplicates, duplicates);
-	pg_atomic_fetch_add_u64(&inbox->failed, failed);
-	pg_atomic_fetch_add_u64(&inbox->dead_lettered, dead_lettered);
-	if (applied > 0)
-	{
-		TimestampTz now = GetCurrentTimestamp();
-
-		SpinLockAcquire(&my_inbox_slot->mutex);
-		my_inbox_slot->inbox.last_applied_at = now;
-		SpinLockRelease(&my_inbox_slot->mutex);
-	}
 }
