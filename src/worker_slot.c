@@ -861,6 +861,16 @@ worker_report_error(int elevel, const char *fmt,...)
 }
 
 /*
+ * How many errors this process has put into its last_error, and whether one
+ * shows there now: worker_error_mark() and worker_clear_error() compare
+ * with it.  Only the worker writes its last_error (the launcher clears it
+ * before the worker attaches), so its own count says whether the error
+ * shown is still one it knows of.
+ */
+static uint64 errors_recorded = 0;
+static bool error_shown = false;
+
+/*
  * Put a message into outbox_worker's last_error (in an inbox worker,
  * inbox_worker's), for an error that the caller has reported to the log
  * itself (with an errcode and a hint, say).
@@ -870,6 +880,8 @@ worker_record_error(const char *message)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
+	errors_recorded++;
+	error_shown = true;
 	if (my_slot == NULL)
 	{
 		SpinLockAcquire(&my_inbox_slot->mutex);
@@ -882,6 +894,43 @@ worker_record_error(const char *message)
 	strlcpy(my_slot->last_error, message, WORKER_LAST_ERROR_LEN);
 	my_slot->last_error_at = now;
 	SpinLockRelease(&my_slot->mutex);
+}
+
+/*
+ * The mark of the last error this process recorded: given to
+ * worker_clear_error() once what caused it is mended.
+ */
+uint64
+worker_error_mark(void)
+{
+	return errors_recorded;
+}
+
+/*
+ * Clear last_error and last_error_at, if no error was recorded since mark:
+ * what caused the error shown is mended, and a newer error, which may not
+ * be, is left to show.
+ */
+void
+worker_clear_error(uint64 mark)
+{
+	OutboxWorkerSlot *slot = my_slot ? my_slot : my_inbox_slot;
+
+	if (!error_shown || mark != errors_recorded || slot == NULL)
+		return;
+	error_shown = false;
+	SpinLockAcquire(&slot->mutex);
+	if (slot == my_slot)
+	{
+		slot->last_error[0] = '\0';
+		slot->last_error_at = 0;
+	}
+	else
+	{
+		slot->inbox.last_error[0] = '\0';
+		slot->inbox.last_error_at = 0;
+	}
+	SpinLockRelease(&slot->mutex);
 }
 
 /* Count a recorded batch's outcomes. */

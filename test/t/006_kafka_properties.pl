@@ -92,6 +92,39 @@ for my $malformed (' =x', '=x', '  = ', 'linger.ms')
 	publishes($label, $since);
 }
 
+# A name librdkafka does not know is refused at the reload, named (a name
+# is no secret) without the value; the setting keeps its previous value.
+{
+	my $label = "unknown name 'lingerms'";
+	my $valid = 'client.id=outbox-kp-' . ++$case;
+	is(reload_verdict(reload_with($valid)), 'changed', "$label: first '$valid' is applied");
+	my $offset = reload_with('lingerms=51234');
+	is(reload_verdict($offset), 'refused', "$label: the reload is refused");
+	my $log = slurp_file($node->logfile, $offset);
+	like($log, qr/invalid value for parameter "outbox\.kafka_properties": librdkafka has no property "lingerms"/,
+		"$label: the log names the property");
+	ok(index($log, '51234') < 0, "$label: the log does not repeat the value");
+	is(shown(), $valid, "$label: SHOW still shows '$valid'");
+}
+
+# A value librdkafka refuses: outbox_worker says so, and once the setting
+# is mended and the producer made again, the error goes and the brokers are
+# shown reachable.
+{
+	my $label = "refused value";
+	is(reload_verdict(reload_with('security.protocol=bogus')), 'changed', "$label: the reload applies it");
+	ok(wait_for_query($node, q{SELECT last_error LIKE '%librdkafka refuses property "security.protocol"%',
+			brokers_reachable FROM outbox_worker}, 't|f', 30),
+		"$label: outbox_worker.last_error names the property, the brokers unreachable");
+	my $since = server_now();
+	is(reload_verdict(reload_with('client.id=outbox-kp-mended')), 'changed', "$label: mended");
+	publishes("$label: mended", $since);
+	ok(wait_for_query($node, q{SELECT coalesce(last_error, 'none'), last_error_at IS NULL, brokers_reachable
+			FROM outbox_worker}, 'none|t|t', 30),
+		"$label: mended, outbox_worker.last_error is cleared and the brokers are reachable")
+	  or diag($node->safe_psql('postgres', 'SELECT * FROM outbox_worker'));
+}
+
 # Odd but valid values: each must give a producer that publishes.  Before
 # each, a configuration whose producer cannot reach the broker (TLS against
 # the plaintext listener), so that a message delivered afterwards can only
