@@ -84,6 +84,8 @@ typedef struct InboxOutcome
 	uint64		failed;
 	uint64		dead_lettered;
 	bool		retries_added;	/* the next retry may be sooner */
+	uint64		retry_error_mark;	/* worker_error_mark() of the last failure
+									 * retried, or 0 */
 } InboxOutcome;
 
 /* inbox_apply.c; the statements that read and record are inbox_store.h's */

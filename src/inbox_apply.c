@@ -455,6 +455,26 @@ max_attempts_of(const InboxSubscription *s)
 }
 
 /*
+ * Show a handler's failure in inbox_worker.last_error, as the latest error.
+ * Not in the server log, which a handler failing on every message would
+ * flood: the message's retry or dead letter keeps the error in full.
+ */
+static void
+show_handler_failure(const InboxSubscription *s, const MessageRow *row,
+					 const HandlerError *e, bool dead_lettered)
+{
+	char		message[WORKER_LAST_ERROR_LEN];
+
+	snprintf(message, sizeof(message),
+			 "subscription \"%s\": the handler failed on topic \"%s\" partition %d offset %lld (%s): %s",
+			 s->name, TextDatumGetCString(row->values[COL_TOPIC]),
+			 DatumGetInt32(row->values[COL_PARTITION]),
+			 (long long) DatumGetInt64(row->values[COL_OFFSET]),
+			 dead_lettered ? "dead-lettered" : "to be retried", e->message);
+	worker_record_error(message);
+}
+
+/*
  * Put a message of the batch in inbox_retry: failed (its first attempt) or
  * held back (no attempt yet, waiting behind its key).  Returns whether it
  * was dead-lettered instead, out of attempts.
@@ -470,6 +490,8 @@ add_retry(BatchState *st, int i)
 	if (!failed)
 		message_row(s, &st->batch->messages[i], &st->rows[i], &st->texts);
 	retry_id = inbox_add_retry(s, &st->rows[i], failed ? e : NULL);
+	if (failed)
+		show_handler_failure(s, &st->rows[i], e, max_attempts_of(s) <= 1);
 	if (!failed || max_attempts_of(s) > 1)
 		return false;
 	inbox_dead_letter(retry_id, 1, e);
@@ -538,6 +560,8 @@ record_batch(BatchState *st, InboxOutcome *outcome)
 			case FATE_HELD:
 				if (add_retry(st, i))
 					outcome->dead_lettered++;
+				else if (st->fates[i] == FATE_FAILED)
+					outcome->retry_error_mark = worker_error_mark();
 				outcome->retries_added = true;
 				break;
 		}
@@ -672,10 +696,13 @@ settle_key(Handler *h, RetryRow *r, InboxOutcome *outcome)
 		if (r->attempts + 1 < max_attempts_of(s))
 		{
 			inbox_schedule_next_attempt(r, &e);
+			show_handler_failure(s, &r->row, &e, false);
+			outcome->retry_error_mark = worker_error_mark();
 			outcome->retries_added = true;
 			return;
 		}
 		inbox_dead_letter(r->id, r->attempts + 1, &e);
+		show_handler_failure(s, &r->row, &e, true);
 		outcome->dead_lettered++;
 	}
 }

@@ -50,7 +50,35 @@ struct InboxConsumer
 	InboxBatch *batch;			/* the answer to the last FETCH, not yet taken */
 	List	   *assigned;		/* PartitionPositions ASSIGNED, not yet taken */
 	bool		gone;
+
+	/*
+	 * The worker_error_mark() of the last error shown about reading, 0 for
+	 * none, and the topic it was about (NULL: any).  Cleared once the topic
+	 * (or, for an error about none, any topic) is assigned partitions, or
+	 * a message of it is read: what kept it from being read is mended.
+	 */
+	uint64		read_error_mark;
+	char	   *read_error_topic;
 };
+
+/* The consumer reads the topic: clear the error about it, or about none. */
+static void
+reading_mended(InboxConsumer *c, const char *topic)
+{
+	if (c->read_error_mark == 0 ||
+		(c->read_error_topic && strcmp(c->read_error_topic, topic) != 0))
+		return;
+	worker_clear_error(c->read_error_mark);
+	c->read_error_mark = 0;
+}
+
+/* Note the error just shown about reading the topic (NULL: about none). */
+static void
+reading_failed(InboxConsumer *c, const char *topic)
+{
+	c->read_error_mark = worker_error_mark();
+	c->read_error_topic = topic ? MemoryContextStrdup(c->context, topic) : NULL;
+}
 
 /* Bytes from Kafka as text of the database's encoding; see the header comment. */
 static char *
@@ -204,6 +232,8 @@ handle_messages(InboxConsumer *c, WireReader *r)
 		return;
 	}
 	c->batch = b;
+	for (int i = 0; i < b->count; i++)
+		reading_mended(c, b->messages[i].topic);
 }
 
 static void
@@ -221,6 +251,8 @@ handle_assigned(InboxConsumer *c, WireReader *r)
 		p->next_offset = wire_i64(r);
 		p->high_watermark = wire_i64(r);
 		c->assigned = lappend(c->assigned, p);
+		if (!r->failed)
+			reading_mended(c, p->topic);
 	}
 	MemoryContextSwitchTo(caller);
 }
@@ -242,6 +274,7 @@ handle_consume_error(InboxConsumer *c, WireReader *r)
 		worker_report_error(LOG, "subscription \"%s\" cannot read topic \"%s\" partition %d for now: %s (%d)",
 						   c->subscription->name, topic, partition,
 						   kafka_link_scrubbed(c->link, reason, len), error);
+	reading_failed(c, topic);
 }
 
 static void
@@ -268,6 +301,7 @@ handle_frame(void *arg, KafkaLink *link, uint8 type, WireReader *r)
 			reason = wire_string(r, &len);
 			worker_report_error(LOG, "subscription \"%s\": Kafka: %s (%d)", c->subscription->name,
 							   kafka_link_scrubbed(link, reason, len), error);
+			reading_failed(c, NULL);
 			break;
 		default:
 			elog(LOG, "outbox inbox: unknown frame type %d from a Kafka process", type);

@@ -2,8 +2,10 @@
  *
  * inbox_sql.c
  *	  The inbox's SQL functions: inbox_subscribe(), inbox_unsubscribe(),
- *	  inbox_requeue() and inbox_discard().  (inbox_worker_status() is with
- *	  the other views' functions, in status.c.)
+ *	  inbox_requeue() and inbox_discard(); and the error of a dead letter
+ *	  that is not there, theirs and that of outbox_requeue() and
+ *	  outbox_discard() (outbox_no_dead_letter()).  (inbox_worker_status() is
+ *	  with the other views' functions, in status.c.)
  *
  * The inbox's tables are granted to no one.  These functions are not
  * SECURITY DEFINER, so that they know who calls them: each checks that the
@@ -41,6 +43,7 @@ PG_FUNCTION_INFO_V1(inbox_subscribe);
 PG_FUNCTION_INFO_V1(inbox_unsubscribe);
 PG_FUNCTION_INFO_V1(inbox_requeue);
 PG_FUNCTION_INFO_V1(inbox_discard);
+PG_FUNCTION_INFO_V1(outbox_no_dead_letter);
 
 /* The longest subscription name, in bytes. */
 #define MAX_SUBSCRIPTION_NAME 200
@@ -327,6 +330,28 @@ subscription_role(text *name, const char *action)
 				   TEXTOID, PointerGetDatum(name), action);
 }
 
+/*
+ * An id that no dead letter has, given to requeue or discard: an error, so
+ * that a mistyped id, or one requeued or discarded meanwhile, says so.
+ * listed_in is the table that lists the dead letters.
+ */
+static void
+report_no_dead_letter(int64 dead_letter_id, const char *listed_in)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NO_DATA_FOUND),
+			 errmsg("no dead letter has id " INT64_FORMAT, dead_letter_id),
+			 errhint("%s lists the messages that can be requeued or discarded.", listed_in)));
+}
+
+/* outbox_requeue()'s and outbox_discard()'s error for an unknown id. */
+Datum
+outbox_no_dead_letter(PG_FUNCTION_ARGS)
+{
+	report_no_dead_letter(PG_GETARG_INT64(0), "outbox_dead_letter");
+	PG_RETURN_NULL();			/* not reached */
+}
+
 static Oid
 dead_letter_role(Datum dead_letter_id, const char *action)
 {
@@ -395,7 +420,9 @@ inbox_requeue(PG_FUNCTION_ARGS)
 
 	find_extension();
 	SPI_connect();
-	if (OidIsValid(dead_letter_role(values[0], "requeue")))
+	if (!OidIsValid(dead_letter_role(values[0], "requeue")))
+		report_no_dead_letter(DatumGetInt64(values[0]), "inbox_dead_letter");
+	else
 	{
 		run_as_owner("WITH d AS (DELETE FROM %s.inbox_dead_letter WHERE id OPERATOR(pg_catalog.=) $1"
 					 "           RETURNING *)"
@@ -442,6 +469,8 @@ inbox_discard(PG_FUNCTION_ARGS)
 					 1, types, values, NULL);
 		existed = SPI_processed > 0;
 	}
+	if (!existed)
+		report_no_dead_letter(DatumGetInt64(values[0]), "inbox_dead_letter");
 	SPI_finish();
 	PG_RETURN_BOOL(existed);
 }

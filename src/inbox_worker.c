@@ -75,6 +75,18 @@ typedef struct Subscriber
 	InboxConsumer *consumer;	/* NULL while none runs */
 	TimestampTz start_after;	/* no consumer starts before then */
 	TimestampTz next_retry_at;	/* 0: to be asked; DT_NOEND: none waits */
+
+	/*
+	 * The worker_error_mark() of the errors last shown about the
+	 * subscription, cleared once mended: a consumer that could not start,
+	 * once one is assigned partitions; a batch or retries the worker could
+	 * not apply, once a batch or retries are; a handler's failure that is
+	 * to be retried, once no message of the subscription waits in
+	 * inbox_retry.  0 for none.
+	 */
+	uint64		start_error_mark;
+	uint64		apply_error_mark;
+	uint64		retry_error_mark;
 } Subscriber;
 
 static List *subscribers = NIL;
@@ -222,6 +234,7 @@ start_consumers(void)
 			inbox_report_state(INBOX_WAITING_FOR_BROKERS);
 			worker_report_error(LOG, "could not start the consumer of subscription \"%s\": %s",
 							   sub->subscription->name, reason);
+			sub->start_error_mark = worker_error_mark();
 			sub->start_after = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   CONSUMER_RESTART_PAUSE_MS);
 		}
@@ -281,6 +294,15 @@ wait_for_batches(void)
 	FreeWaitEventSet(set);
 }
 
+/* Clear the error of *mark, if it is still the one shown; forget the mark. */
+static void
+clear_error(uint64 *mark)
+{
+	if (*mark != 0)
+		worker_clear_error(*mark);
+	*mark = 0;
+}
+
 /* When the subscription's next retry is due; DT_NOEND if inbox_retry holds none of its messages. */
 static void
 ask_next_retry(Subscriber *sub)
@@ -288,8 +310,14 @@ ask_next_retry(Subscriber *sub)
 	long		ms = inbox_ms_until_next_retry(sub->subscription);
 
 	sub->next_retry_at = ms < 0 ? DT_NOEND : TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+	if (ms < 0)
+		clear_error(&sub->retry_error_mark);
 }
 
+/*
+ * Count what a batch or a round of retries, committed, came to; the error
+ * of one the worker could not apply before is mended.
+ */
 static void
 count_outcome(const InboxOutcome *outcome, Subscriber *sub)
 {
@@ -297,6 +325,9 @@ count_outcome(const InboxOutcome *outcome, Subscriber *sub)
 						 outcome->dead_lettered);
 	if (outcome->retries_added)
 		sub->next_retry_at = 0;
+	if (outcome->retry_error_mark != 0)
+		sub->retry_error_mark = outcome->retry_error_mark;
+	clear_error(&sub->apply_error_mark);
 }
 
 /*
@@ -320,7 +351,10 @@ apply_batches(void)
 			continue;
 		consumer_serve(sub->consumer);
 		if ((assigned = consumer_take_assigned(sub->consumer)) != NIL)
+		{
 			inbox_record_positions(sub->subscription, assigned);
+			clear_error(&sub->start_error_mark);
+		}
 		if ((batch = consumer_take_batch(sub->consumer)) == NULL)
 			continue;
 		inbox_report_state(INBOX_APPLYING);
@@ -329,7 +363,10 @@ apply_batches(void)
 		if (inbox_apply_batch(sub->subscription, batch, sub->next_retry_at != DT_NOEND, &outcome))
 			count_outcome(&outcome, sub);
 		else
+		{
+			sub->apply_error_mark = worker_error_mark();
 			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
+		}
 		MemoryContextDelete(batch->context);
 	}
 }
@@ -354,6 +391,8 @@ apply_due_retries(void)
 		inbox_report_state(INBOX_APPLYING);
 		if (inbox_apply_due_retries(sub->subscription, &outcome))
 			count_outcome(&outcome, sub);
+		else
+			sub->apply_error_mark = worker_error_mark();
 		sub->next_retry_at = 0;
 	}
 }

@@ -207,7 +207,11 @@ make_producer(Pipeline *p)
 	return false;
 }
 
-/* Ask the brokers whether they answer; report it. */
+/*
+ * Ask the brokers whether they answer; report it.  A producer made and
+ * answered mends whatever kept the worker from publishing (a property
+ * librdkafka refused, a fatal error, an outage): the error shown goes.
+ */
 static bool
 probe_brokers(Pipeline *p)
 {
@@ -216,6 +220,8 @@ probe_brokers(Pipeline *p)
 	worker_report_brokers_reachable(reachable);
 	if (!reachable)
 		worker_report_state(WORKER_WAITING_FOR_BROKERS);
+	else
+		worker_clear_error(worker_error_mark());
 	return reachable;
 }
 
@@ -401,12 +407,17 @@ hold_back_behind_failures(Batch *batch)
  * them, for outbox_worker and, with their latency to acked_at, for
  * outbox_status (metrics.c).  The report comes first, so that an error in
  * recording them, which store_record_outcomes() reports, is the one
- * outbox_worker shows.
+ * outbox_worker shows.  A batch delivered and recorded without a failure
+ * says the worker publishes again: the error shown before it goes.  And
+ * messages acknowledged say the brokers answer, whatever a connection's
+ * error said meanwhile.
  */
 static void
 record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
 {
 	RecordedOutcomes recorded;
+	uint64		error_before = worker_error_mark();
+	bool		failed = false;
 
 	for (int i = 0; i < batch->count; i++)
 	{
@@ -416,10 +427,16 @@ record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
 		{
 			worker_report_error(LOG, "message %lld to topic \"%s\": %s",
 								(long long) m->id, m->topic, store_describe_failure(m));
+			failed = true;
 			break;
 		}
 	}
 	store_record_outcomes(batch->messages, batch->count, &recorded);
+	if (!failed && recorded.delivered > 0)
+		worker_clear_error(error_before);
+	/* acknowledged: whatever an error said since the last probe, they answer */
+	if (recorded.delivered > 0 && !worker_brokers_known_reachable())
+		worker_report_brokers_reachable(true);
 	p->claim_again |= recorded.floor_lowered;
 	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
 						  recorded.dead_lettered);

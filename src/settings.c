@@ -12,6 +12,8 @@
 #include <ctype.h>
 #include <limits.h>
 
+#include <librdkafka/rdkafka.h>
+
 #include "common/pg_prng.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
@@ -520,21 +522,109 @@ kafka_properties_split(const char *setting, List **properties)
 }
 
 /*
- * Refuse an outbox.kafka_properties that is not name=value pairs.  Whether
- * librdkafka knows each name is checked by the worker, which reports it in
- * outbox_worker; the message never repeats a value, which may be a secret.
+ * Is name a row of the tables of properties that librdkafka prints (the
+ * global ones, then the topic's, as in its CONFIGURATION.md)?  A row
+ * follows its table's line of dashes, up to the blank line after the
+ * table, and starts with the property's name.
+ */
+static bool
+property_in_tables(const char *tables, const char *name)
+{
+	size_t		len = strlen(name);
+	bool		in_table = false;
+
+	for (const char *line = tables; *line != '\0';)
+	{
+		const char *end = strchrnul(line, '\n');
+
+		if (line == end)
+			in_table = false;
+		else if (strncmp(line, "---", 3) == 0)
+			in_table = true;
+		else if (in_table && strncmp(line, name, len) == 0 &&
+				 (line[len] == ' ' || line[len] == '|'))
+			return true;
+		line = *end ? end + 1 : end;
+	}
+	return false;
+}
+
+/*
+ * The first property of the list whose name librdkafka does not know, as a
+ * producer's or a topic's property, or NULL.  The names are looked up in
+ * the tables rd_kafka_conf_properties_show() prints, which makes no
+ * configuration and sets nothing (setting plugin.library.paths would load
+ * a library, here perhaps in the postmaster).  rd_kafka_conf_get() cannot
+ * tell: it says RD_KAFKA_CONF_UNKNOWN of a property it knows that has no
+ * value, sasl.password say.  Whether librdkafka takes each value is the
+ * worker's to find out, when it makes its producer.
+ */
+static const char *
+unknown_kafka_property(List *properties)
+{
+	char	   *tables = NULL;
+	size_t		tables_len = 0;
+	FILE	   *out;
+	const char *unknown = NULL;
+	ListCell   *lc;
+
+	if (properties == NIL || (out = open_memstream(&tables, &tables_len)) == NULL)
+		return NULL;
+	rd_kafka_conf_properties_show(out);
+	if (fclose(out) != 0)
+	{
+		free(tables);
+		return NULL;			/* out of memory: the worker will say */
+	}
+	foreach(lc, properties)
+	{
+		KafkaProperty *property = lfirst(lc);
+
+		if (!property_in_tables(tables, property->name))
+		{
+			unknown = property->name;
+			break;
+		}
+	}
+	free(tables);
+	return unknown;
+}
+
+/*
+ * Refuse an outbox.kafka_properties that is not name=value pairs, or that
+ * names a property librdkafka does not know.  The message never repeats a
+ * value, which may be a secret; a name is none.
  */
 static bool
 check_kafka_properties(char **newval, void **extra, GucSource source)
 {
 	List	   *properties;
+	const char *unknown;
 
-	if (kafka_properties_split(*newval, &properties))
+	if (!kafka_properties_split(*newval, &properties))
+	{
+		/* PostgreSQL's own message would repeat the value */
+		GUC_check_errmsg("invalid value for parameter \"%s\"", "outbox.kafka_properties");
+		GUC_check_errdetail("Each property must be written name=value; properties are separated by semicolons.");
+		return false;
+	}
+
+	/*
+	 * At server start the value comes from postgresql.conf as the library is
+	 * loaded, where a refusal is only a WARNING and the workers would run
+	 * without any of the properties (without the SASL ones, say).  Let an
+	 * unknown name through there: the worker then refuses to publish and says
+	 * why in outbox_worker, as for a value librdkafka refuses.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+		return true;
+	if ((unknown = unknown_kafka_property(properties)) == NULL)
 		return true;
 
-	/* PostgreSQL's own message would repeat the value */
-	GUC_check_errmsg("invalid value for parameter \"%s\"", "outbox.kafka_properties");
-	GUC_check_errdetail("Each property must be written name=value; properties are separated by semicolons.");
+	GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
+	GUC_check_errmsg("invalid value for parameter \"%s\": librdkafka has no property \"%s\"",
+					 "outbox.kafka_properties", unknown);
+	GUC_check_errhint("The names are those of librdkafka's CONFIGURATION.md, for a producer or a topic, such as linger.ms or compression.codec.");
 	return false;
 }
 

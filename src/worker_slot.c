@@ -84,6 +84,16 @@ static const char *error_prefix = "outbox";
 static char *error_text = NULL;
 static TimestampTz *error_text_at = NULL;
 
+/*
+ * How many errors this process has put into its last_error, and whether one
+ * shows there now: worker_error_mark() and worker_clear_error() compare
+ * with it.  Only the worker writes its last_error (the launcher clears it
+ * before the worker attaches), so its own count says whether the error
+ * shown is still one it knows of.
+ */
+static uint64 errors_recorded = 0;
+static bool error_shown = false;
+
 static const char *const state_names[] = {
 	[WORKER_STOPPED] = "stopped",
 	[WORKER_STARTING] = "starting",
@@ -456,6 +466,8 @@ worker_record_error(const char *message)
 
 	if (error_slot == NULL)
 		return;					/* not attached: the log says it alone */
+	errors_recorded++;
+	error_shown = true;
 	SpinLockAcquire(&error_slot->mutex);
 	strlcpy(error_text, message, WORKER_LAST_ERROR_LEN);
 	*error_text_at = now;
@@ -476,6 +488,33 @@ slot_record_errors_in(OutboxWorkerSlot *slot, const char *prefix,
 	error_prefix = prefix;
 	error_text = last_error;
 	error_text_at = last_error_at;
+}
+
+/*
+ * The mark of the last error this process recorded: given to
+ * worker_clear_error() once what caused it is mended.
+ */
+uint64
+worker_error_mark(void)
+{
+	return errors_recorded;
+}
+
+/*
+ * Clear last_error and last_error_at, if no error was recorded since mark:
+ * what caused the error shown is mended, and a newer error, which may not
+ * be, is left to show.
+ */
+void
+worker_clear_error(uint64 mark)
+{
+	if (!error_shown || mark != errors_recorded || error_slot == NULL)
+		return;
+	error_shown = false;
+	SpinLockAcquire(&error_slot->mutex);
+	error_text[0] = '\0';
+	*error_text_at = 0;
+	SpinLockRelease(&error_slot->mutex);
 }
 
 /* Count a recorded batch's outcomes. */

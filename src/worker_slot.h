@@ -42,6 +42,8 @@ extern void worker_report_brokers_reachable(bool reachable);
 extern bool worker_brokers_known_reachable(void);
 extern void worker_report_error(int elevel, const char *fmt,...) pg_attribute_printf(2, 3);
 extern void worker_record_error(const char *message);
+extern uint64 worker_error_mark(void);
+extern void worker_clear_error(uint64 mark);
 extern void worker_count_outcomes(uint64 published, uint64 retries_scheduled,
 								  uint64 dead_lettered);
 extern bool worker_take_fatal_error_drill(void);

@@ -15,8 +15,33 @@ SELECT message_id, topic, key, payload, headers, state, attempts, created_at
   FROM outbox_message;
 SELECT id FROM outbox_dead_letter ORDER BY id;
 
+-- An id that no dead letter has (one requeued or discarded already, one
+-- never there) is an error, P0002 (no_data_found), with a hint; so for the
+-- inbox's.
+\set VERBOSITY default
 SELECT outbox_requeue(1001) AS requeue_again;
+\echo :LAST_ERROR_SQLSTATE
 SELECT outbox_discard(1002) AS discarded;
 SELECT outbox_discard(1002) AS discard_again;
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_requeue(999999);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_discard(999999);
+\echo :LAST_ERROR_SQLSTATE
+SELECT inbox_requeue(999999);
+\echo :LAST_ERROR_SQLSTATE
+SELECT inbox_discard(999999);
+\echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS dead_letters_left FROM outbox_dead_letter;
+SELECT topic, waiting, dead_letters FROM outbox_status;
+
+-- Every dead letter at once, as the README's operator does it.
+INSERT INTO outbox_dead_letter (id, message_id, topic, key, payload, attempts, created_at, error)
+SELECT 2000 + i, outbox_uuid_v7(), 'bulk', 'b-' || i, 'bulk', 1, '2026-01-01 00:00:00+00', 'e'
+  FROM generate_series(1, 3) i;
+SELECT count(outbox_requeue(id)) AS requeued FROM outbox_dead_letter WHERE topic = 'bulk';
+INSERT INTO outbox_dead_letter (id, message_id, topic, key, payload, attempts, created_at, error)
+SELECT 3000 + i, outbox_uuid_v7(), 'bulk', 'b-' || i, 'bulk', 1, '2026-01-01 00:00:00+00', 'e'
+  FROM generate_series(1, 3) i;
+SELECT bool_and(outbox_discard(id)) AS discarded FROM outbox_dead_letter WHERE topic = 'bulk';
 SELECT topic, waiting, dead_letters FROM outbox_status;

@@ -22,6 +22,21 @@ SELECT format('ALTER SYSTEM SET outbox.kafka_properties = %L', value)
   FROM unnest(ARRAY[' linger.ms = 5 ; ; client.id = a=b ;', '', ' ', ';; ;',
                     'client.id=']) AS value \gexec
 
+-- refused: a name librdkafka does not know, as a producer's property or a
+-- topic's; the message names it (a name is no secret), never a value
+SELECT format('ALTER SYSTEM SET outbox.kafka_properties = %L', value)
+  FROM unnest(ARRAY['lingerms=5', 'sasl.password=hunter2; sasl.pasword=hunter2',
+                    'linger.ms=5; compresion.codec=lz4']) AS value \gexec
+\echo :LAST_ERROR_SQLSTATE
+
+-- accepted: a producer's property, a topic's (acks, compression.codec,
+-- message.timeout.ms), and one by another of its names (queue.buffering.max.ms
+-- is linger.ms); the values are the worker's to try
+SELECT format('ALTER SYSTEM SET outbox.kafka_properties = %L', value)
+  FROM unnest(ARRAY['linger.ms=5; acks=all; compression.codec=lz4',
+                    'message.timeout.ms=2000; queue.buffering.max.ms=5',
+                    'plugin.library.paths=/nonexistent/library']) AS value \gexec
+
 ALTER SYSTEM RESET outbox.kafka_properties;
 
 -- outbox.max_batch_bytes: a size (kB without a unit), from 1kB to 1GB;

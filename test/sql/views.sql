@@ -44,3 +44,19 @@ SELECT pid > 0 AS has_pid, started_at <= now() AS started, max_workers, workers,
   FROM outbox_launcher;
 -- and it claimed nothing while the brokers are unreachable: no attempt spent
 SELECT topic, state, attempts FROM outbox_message ORDER BY id;
+
+-- inbox_status: a subscription shows before any partition of its topics is
+-- known (here no broker answers), one row per topic, its partition NULL
+CREATE ROLE regress_inbox_subscriber;
+CREATE FUNCTION regress_inbox_handler(m inbox_message) RETURNS void
+LANGUAGE sql BEGIN ATOMIC END;
+GRANT EXECUTE ON FUNCTION regress_inbox_handler(inbox_message) TO regress_inbox_subscriber;
+SELECT inbox_subscribe('waiting', ARRAY['no.such.topic', 'another.topic'],
+                       'regress_inbox_handler(inbox_message)', run_as => 'regress_inbox_subscriber');
+SELECT subscription, topic, "partition", next_offset, high_watermark, lag, retrying,
+       dead_letters, last_applied_at
+  FROM inbox_status;
+SELECT inbox_unsubscribe('waiting');
+SELECT count(*) AS rows_left FROM inbox_status;
+DROP FUNCTION regress_inbox_handler(inbox_message);
+DROP ROLE regress_inbox_subscriber;

@@ -92,6 +92,39 @@ for my $malformed (' =x', '=x', '  = ', 'linger.ms')
 	publishes($label, $since);
 }
 
+# A name librdkafka does not know is refused at the reload, named (a name
+# is no secret) without the value; the setting keeps its previous value.
+{
+	my $label = "unknown name 'lingerms'";
+	my $valid = 'client.id=outbox-kp-' . ++$case;
+	is(reload_verdict(reload_with($valid)), 'changed', "$label: first '$valid' is applied");
+	my $offset = reload_with('lingerms=51234');
+	is(reload_verdict($offset), 'refused', "$label: the reload is refused");
+	my $log = slurp_file($node->logfile, $offset);
+	like($log, qr/invalid value for parameter "outbox\.kafka_properties": librdkafka has no property "lingerms"/,
+		"$label: the log names the property");
+	ok(index($log, '51234') < 0, "$label: the log does not repeat the value");
+	is(shown(), $valid, "$label: SHOW still shows '$valid'");
+}
+
+# A value librdkafka refuses: outbox_worker says so, and once the setting
+# is mended and the producer made again, the error goes and the brokers are
+# shown reachable.
+{
+	my $label = "refused value";
+	is(reload_verdict(reload_with('security.protocol=bogus')), 'changed', "$label: the reload applies it");
+	ok(wait_for_query($node, q{SELECT last_error LIKE '%librdkafka refuses property "security.protocol"%',
+			brokers_reachable FROM outbox_worker}, 't|f', 30),
+		"$label: outbox_worker.last_error names the property, the brokers unreachable");
+	my $since = server_now();
+	is(reload_verdict(reload_with('client.id=outbox-kp-mended')), 'changed', "$label: mended");
+	publishes("$label: mended", $since);
+	ok(wait_for_query($node, q{SELECT coalesce(last_error, 'none'), last_error_at IS NULL, brokers_reachable
+			FROM outbox_worker}, 'none|t|t', 30),
+		"$label: mended, outbox_worker.last_error is cleared and the brokers are reachable")
+	  or diag($node->safe_psql('postgres', 'SELECT * FROM outbox_worker'));
+}
+
 # Odd but valid values: each must give a producer that publishes.  Before
 # each, a configuration whose producer cannot reach the broker (TLS against
 # the plaintext listener), so that a message delivered afterwards can only
@@ -125,6 +158,30 @@ ok(wait_for_query($node,
 		'1', 60),
 	"'$limited': a 3000-byte message is dead-lettered as too large: message.max.bytes is 2000")
   or diag($node->safe_psql('postgres', 'SELECT topic, state, attempts, last_error FROM outbox_message'));
+
+# An unknown name in postgresql.conf at server start, where PostgreSQL would
+# only warn and run the worker without any of the properties: the value
+# stays, the worker publishes nothing and says why, until it is mended.
+{
+	my $label = "unknown name at server start";
+	$node->append_conf('postgresql.conf',
+		"outbox.kafka_properties = 'lingerms=5; client.id=outbox-kp-start'");
+	$node->restart;
+	is(shown(), 'lingerms=5; client.id=outbox-kp-start', "$label: the server starts with the value");
+	my $topic = unique_topic('kafka_properties.start');
+	$node->safe_psql('postgres', "SELECT outbox_enqueue('$topic', 'held'::text)");
+	ok(wait_for_query($node, q{SELECT last_error LIKE '%librdkafka refuses property "lingerms"%'
+			FROM outbox_worker}, 't', 30),
+		"$label: outbox_worker.last_error names the property")
+	  or diag($node->safe_psql('postgres', 'SELECT * FROM outbox_worker'));
+	is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_message WHERE topic = '$topic'"), '1',
+		"$label: the message waits");
+	my $since = server_now();
+	is(reload_verdict(reload_with('client.id=outbox-kp-start-mended')), 'changed', "$label: mended");
+	is(scalar(@{ consume_topics(topics => [$topic], expect => 1, timeout => 30) }), 1,
+		"$label: mended, the message waiting is published");
+	publishes("$label: mended", $since);
+}
 
 $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never crashed');

@@ -118,10 +118,16 @@ like(slurp_file($node->logfile, $offset),
 like($node->safe_psql('postgres', 'SHOW outbox.kafka_properties'), qr/\Q$valid\E/,
 	'and the setting keeps its previous value');
 
+$offset = -s $node->logfile;
 reload_with(properties($valid, "; sasl.pasword=$unknown_property"));
-ok(worker_error_mentions('librdkafka refuses property "sasl.pasword"'),
-	'a property librdkafka does not know is named in outbox_worker.last_error');
-my @last_errors = ($node->safe_psql('postgres', 'SELECT last_error FROM outbox_worker'));
+ok($node->wait_for_log(qr/configuration file .* contains errors/, $offset),
+	'a property librdkafka does not know is refused at reload');
+like(slurp_file($node->logfile, $offset),
+	qr/invalid value for parameter "outbox.kafka_properties": librdkafka has no property "sasl.pasword"/,
+	'the log names the property');
+like($node->safe_psql('postgres', 'SHOW outbox.kafka_properties'), qr/\Q$valid\E/,
+	'and the setting keeps its previous value');
+my @last_errors;
 
 reload_with(properties($valid, "; security.protocol=$refused_value"));
 ok(worker_error_mentions('librdkafka refuses property "security.protocol"'),

@@ -1,7 +1,9 @@
 # ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
-# 0.3.0, 0.4.0, 0.5.0) to the current one (0.6.0), with messages in every state:
-# pending, retrying, sent (kept under outbox.sent_retention) and
-# dead-lettered.  The library is the new one from the start, as after an
+# 0.3.0, 0.4.0, 0.5.0, 0.6.0) to the current one (0.7.0), with messages in
+# every state: pending, retrying, sent (kept under outbox.sent_retention),
+# dead-lettered and (from 0.6.0) delayed; and from 0.5.0, which has the
+# inbox, inbox rows: offsets, a message waiting to retry and a dead letter,
+# all applied after the update, in order.  The library is the new one from the start, as after an
 # upgrade's restart, so this also shows it serving the earlier schemas.
 #
 # After the update: the schema is the one a fresh install makes, every
@@ -28,13 +30,17 @@ use PostgreSQL::Test::Utils;
 use IPC::Run;
 use Test::More;
 
-my $current = '0.6.0';
+my $current = '0.7.0';
 
 sub upgrade_from
 {
 my ($from) = @_;
 (my $name = $from) =~ s/\./_/g;
 
+# outbox_enqueue()'s signature of before 0.6.0, and of 0.6.0 on
+my $enqueue_text = $from ge '0.6.0'
+  ? 'outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz)'
+  : 'outbox_enqueue(text, text, text, jsonb)';
 my $node = outbox_node("upgrade_$name", no_extension => 1, conf => join("\n",
 		"outbox.sent_retention = '1h'",
 		"outbox.max_attempts = 1000",
@@ -45,9 +51,50 @@ $node->safe_psql('postgres', qq{
 	CREATE ROLE app LOGIN;
 	GRANT INSERT (topic, key, payload, headers) ON outbox_message TO app;
 	GRANT EXECUTE ON FUNCTION outbox_requeue(bigint) TO app;
-	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb) TO app;
+	GRANT EXECUTE ON FUNCTION $enqueue_text TO app;
 	CREATE ROLE monitor LOGIN;
 	GRANT SELECT ON outbox_status TO monitor;});
+# from 0.6.0 on, reading outbox_status takes outbox_topic_metrics() too
+$node->safe_psql('postgres', 'GRANT EXECUTE ON FUNCTION outbox_topic_metrics() TO monitor')
+  if $from ge '0.6.0';
+
+my $has_inbox = $from ge '0.5.0';
+my $has_delay = $from ge '0.6.0';
+
+# Inbox rows: offsets, a message waiting to retry, a dead letter.
+my $kept = unique_topic("upgrade.$name.kept");
+if ($has_inbox)
+{
+	kafka_admin('create-topic', $kept);
+	$node->safe_psql('postgres', qq{
+		CREATE TABLE kept_applied (seq bigserial PRIMARY KEY, sub text, key text, payload text);
+		CREATE TABLE kept_failing (sub text, key text, PRIMARY KEY (sub, key));
+		INSERT INTO kept_failing VALUES ('kept_retrying', 'k-fail'), ('kept_dead', 'k-3');
+		CREATE ROLE kept_svc;
+		GRANT INSERT, SELECT ON kept_applied, kept_failing TO kept_svc;
+		GRANT USAGE ON SEQUENCE kept_applied_seq_seq TO kept_svc;
+		CREATE FUNCTION kept_apply(m inbox_message) RETURNS void LANGUAGE plpgsql AS \$\$
+		BEGIN
+		    IF EXISTS (SELECT FROM kept_failing f WHERE f.sub = m.subscription AND f.key = m.key) THEN
+		        RAISE EXCEPTION 'failing %', m.key;
+		    END IF;
+		    INSERT INTO kept_applied (sub, key, payload) VALUES (m.subscription, m.key, payload_text(m));
+		END \$\$;
+		GRANT EXECUTE ON FUNCTION kept_apply(inbox_message) TO kept_svc;
+		SELECT inbox_subscribe('kept_retrying', ARRAY['$kept'], 'kept_apply(inbox_message)',
+		                       max_attempts => 100000, run_as => 'kept_svc');
+		SELECT inbox_subscribe('kept_dead', ARRAY['$kept'], 'kept_apply(inbox_message)',
+		                       max_attempts => 1, run_as => 'kept_svc');
+		SELECT outbox_enqueue('$kept', 'kept ' || i, CASE WHEN i IN (2, 4) THEN 'k-fail' ELSE 'k-' || i END)
+		  FROM generate_series(1, 5) i;
+	});
+	ok(wait_for_query($node, q{SELECT
+			(SELECT count(*) FROM kept_applied),
+			(SELECT count(*) FROM inbox_retry WHERE subscription = 'kept_retrying'),
+			(SELECT count(*) FROM inbox_dead_letter WHERE subscription = 'kept_dead'),
+			(SELECT sum(next_offset) FROM inbox_offset)}, '7|2|1|10', 60),
+		"$from: inbox rows: offsets, two messages waiting to retry, a dead letter");
+}
 
 my $fine = unique_topic("upgrade.$name.fine");
 kafka_admin('create-topic', $fine);
@@ -61,7 +108,7 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_enqueue('$stale', 'retrying'::text, 'k-stale');
 });
 ok(wait_for_query($node,
-		"SELECT string_agg(topic || ':' || state, ',' ORDER BY id) FROM outbox_message WHERE state <> 'pending'",
+		"SELECT string_agg(topic || ':' || state, ',' ORDER BY id) FROM outbox_message WHERE state <> 'pending' AND topic <> '$kept'",
 		join(',', ("$fine:sent") x 5, "$stale:retrying"), 60),
 	"$from: five messages kept as sent, one retrying");
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$small'"), '1',
@@ -77,6 +124,8 @@ $node->safe_psql('postgres', qq{
 	SELECT count(outbox_enqueue('$fine', 'pending ' || i, 'k-' || i % 7)) FROM generate_series(1, 50) i;
 	INSERT INTO outbox_message (topic, key, payload) SELECT '$fine', 'k-insert', convert_to('inserted ' || i, 'UTF8') FROM generate_series(1, 5) i;
 });
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$fine', 'delayed'::text, 'k-delayed', deliver_after => '2 seconds')})
+  if $has_delay;
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_message WHERE state = 'pending'"), '56',
 	"$from: 56 messages pending");
 
@@ -245,6 +294,33 @@ my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 3
 is(length($small_records->[0]{value} // ''), 1000, 'the requeued message is delivered');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox_dead_letter'), '0', 'no dead letter is left');
 
+# The upgraded functions behave as the fresh install's: an id no dead
+# letter has is an error, P0002, for the role granted outbox_requeue() too.
+for my $call ("SET ROLE app; SELECT outbox_requeue($dead_id)", 'SELECT outbox_discard(999999)',
+	'SELECT inbox_requeue(999999)', 'SELECT inbox_discard(999999)')
+{
+	my ($ret, $out, $err) = $node->psql('postgres', "\\set VERBOSITY verbose\n$call");
+	like($err, qr/ERROR:  P0002: no dead letter has id \d+\nHINT:  (outbox|inbox)_dead_letter lists the messages/,
+		"$from: '$call' raises P0002 for an id no dead letter has");
+}
+
+# The inbox rows of before the update: each subscription applies them, in
+# order, once the handler takes them and the dead letters are requeued.
+if ($has_inbox)
+{
+	$node->safe_psql('postgres', q{
+		DELETE FROM kept_failing;
+		SELECT count(inbox_requeue(id)) FROM inbox_dead_letter WHERE subscription = 'kept_dead';});
+	ok(wait_for_query($node, q{SELECT sub || ':' || string_agg(payload, ',' ORDER BY seq) FROM kept_applied
+			GROUP BY sub ORDER BY sub},
+			"kept_dead:kept 1,kept 2,kept 4,kept 5,kept 3\nkept_retrying:kept 1,kept 3,kept 5,kept 2,kept 4", 60),
+		"$from: the inbox's retrying messages and dead letters are applied after the update, in order");
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM kept_applied}), '10',
+		"$from: each subscription applied each message once");
+	$node->safe_psql('postgres', q{
+		SELECT inbox_unsubscribe('kept_retrying'); SELECT inbox_unsubscribe('kept_dead');});
+}
+
 # The inbox in the upgraded database: a plain role, granted EXECUTE on
 # inbox_subscribe(), subscribes a handler as itself to a new topic, which
 # the same database then enqueues to.
@@ -271,6 +347,13 @@ $node->safe_psql('postgres', qq{
 ok(wait_for_query($node, q{SELECT "partition", next_offset, lag FROM inbox_status WHERE subscription = 'upgraded'},
 		'0|20|0', 60),
 	"$from: inbox_status shows the subscription's partition read to its end, lag 0");
+my $missing = unique_topic("upgrade.$name.missing");
+$node->safe_psql('postgres', qq{
+	SET ROLE subscriber;
+	SELECT inbox_subscribe('waiting', ARRAY['$missing'], 'apply(inbox_message)');});
+is($node->safe_psql('postgres', q{SELECT topic, "partition" IS NULL FROM inbox_status WHERE subscription = 'waiting'}),
+	"$missing|t", "$from: inbox_status shows a subscription whose topic has no partition known yet");
+$node->safe_psql('postgres', q{SELECT inbox_unsubscribe('waiting')});
 is($node->safe_psql('postgres', qq{
 	SELECT count(*), count(DISTINCT a.message_id), count(o.message_id), string_agg(DISTINCT applied_by, ',')
 	  FROM applied a FULL JOIN (SELECT message_id, key, convert_from(payload, 'UTF8') AS payload
@@ -282,5 +365,5 @@ $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0');
 done_testing();

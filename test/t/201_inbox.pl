@@ -287,6 +287,42 @@ ok(wait_for_query($node, "SELECT count(*) FROM coupon WHERE message_id = '$dup_i
 	'a message that comes again after its id was forgotten is applied again, as documented');
 $node->safe_psql('coupons', q{ALTER SYSTEM RESET outbox.inbox_dedup_retention; SELECT pg_reload_conf()});
 
+# A subscription to a topic that does not exist yet shows in inbox_status,
+# its partition NULL, the worker's last error saying why.  Once the topic
+# is there that error goes; a handler's failure, to be retried, shows as
+# the latest error, and goes once the message is applied.
+my $late = unique_topic('inbox.late');
+$node->safe_psql('coupons', qq{
+	SET ROLE coupon_svc;
+	SELECT inbox_subscribe('late', ARRAY['$late'], 'apply_coupon(inbox_message)', max_attempts => 1000);
+});
+ok(wait_for_query($node, qq{SELECT topic, "partition" IS NULL, next_offset IS NULL AND lag IS NULL,
+		worker_last_error LIKE '%cannot read topic "$late"%' FROM inbox_status WHERE subscription = 'late'},
+		"$late|t|t|t", 60, 'coupons'),
+	'inbox_status shows a subscription whose topic is missing, partition NULL, and the error why')
+  or diag($node->safe_psql('coupons', q{SELECT * FROM inbox_status WHERE subscription = 'late'}));
+kafka_admin('create-topic', $late, '--partitions', '1');
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$late', '{"user_id": 7000}'::jsonb, 'late-ok')});
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 7000', '1', 60, 'coupons'),
+	'once the topic exists, its message is applied');
+is($node->safe_psql('coupons', qq{SELECT "partition", next_offset FROM inbox_status WHERE subscription = 'late'}),
+	'0|1', 'inbox_status shows the partition found instead');
+is($node->safe_psql('coupons', q{SELECT coalesce(last_error, '') NOT LIKE '%cannot read topic%' FROM inbox_worker}), 't',
+	'inbox_worker.last_error no longer says the topic cannot be read');
+$node->safe_psql('coupons', q{INSERT INTO fail_rule VALUES ('late-fail')});
+$node->safe_psql('postgres', qq{SELECT outbox_enqueue('$late', '{"user_id": 7001}'::jsonb, 'late-fail')});
+ok(wait_for_query($node, qq{SELECT last_error LIKE 'subscription "late": the handler failed on topic "$late" partition 0 offset 1 (to be retried): no coupon for late-fail',
+		last_error_at > now() - interval '1 minute' FROM inbox_worker}, 't|t', 60, 'coupons'),
+	'a handler\'s failure that is retried is inbox_worker\'s last error')
+  or diag($node->safe_psql('coupons', 'SELECT last_error, last_error_at FROM inbox_worker'));
+$node->safe_psql('coupons', q{DELETE FROM fail_rule});
+ok(wait_for_query($node, 'SELECT count(*) FROM coupon WHERE user_id = 7001', '1', 60, 'coupons'),
+	'the message is applied once the handler takes it');
+ok(wait_for_query($node, q{SELECT last_error IS NULL AND last_error_at IS NULL FROM inbox_worker}, 't', 30, 'coupons'),
+	'and the handler\'s error goes from inbox_worker once no message waits to retry')
+  or diag($node->safe_psql('coupons', 'SELECT last_error, last_error_at FROM inbox_worker'));
+$node->safe_psql('coupons', q{SELECT inbox_unsubscribe('late')});
+
 # Unsubscribing.
 ($ret, $out, $err) = $node->psql('coupons', q{SELECT inbox_unsubscribe('coupons')});
 like($err, qr/has 3 messages waiting to retry or dead-lettered/, 'unsubscribing with dead letters left is refused');
