@@ -414,6 +414,7 @@ add_up_minute(const DatabaseMetrics *part, int64 first_window, TopicMinute *minu
 {
 	int			count = 0;
 
+	Assert(LWLockHeldByMeInMode(part->lock, LW_SHARED));
 	for (int row = 0; row < METRICS_ROWS; row++)
 	{
 		const TopicRow *t = &part->topics[row];
