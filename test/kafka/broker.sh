@@ -239,8 +239,16 @@ wait_ready() {
     done
 }
 
+# Does something answer on a port of the loopback?
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 start() {
     if running; then say "already running (pid $(pid_of))"; return 0; fi
+    # Another broker on the port would answer wait_ready for this one.
+    local port
+    for port in "$KAFKA_PORT" $((KAFKA_PORT + 1)); do
+        port_taken "$port" && die "port $port is taken by another process (another broker?): stop it, or choose another KAFKA_PORT"
+    done
     fetch
     write_config
     # Format once; formatting again would fail (or, forced, wipe the cluster id).

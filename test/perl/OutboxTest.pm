@@ -421,9 +421,11 @@ sub worker_exits
 	my $log = PostgreSQL::Test::Utils::slurp_file($node->logfile);
 	my $exits = () = $log =~ /"outbox (?:launcher|worker|probe)[^"]*" \(PID \d+\) (exited with exit code [1-9]|was terminated by signal)/g;
 	# a probe stopped by a shutdown or a restart exits as PostgreSQL's own
-	# short-lived workers do, with a FATAL and code 1: that is no failure
-	my $stopped = () = $log =~ /FATAL:  terminating background worker "outbox probe[^"]*" due to administrator command/g;
-	return $exits - $stopped;
+	# short-lived workers do, with a FATAL and code 1: that is no failure.
+	# Counted by pid: a second SIGTERM while it exits logs the FATAL again.
+	my %stopped = map { $_ => 1 }
+	  $log =~ /\[(\d+)\] FATAL:  terminating background worker "outbox probe[^"]*" due to administrator command/g;
+	return $exits - scalar(keys %stopped);
 }
 
 # Run one of test/kafka's scripts; returns its output.  Its progress lines

@@ -20,7 +20,7 @@ use Test::More;
 my $top = abs_path(dirname(__FILE__) . '/../..');
 my $runner = "$top/test/docs/run_examples.py";
 
-# A broker of its own, on KAFKA_PORT + 300 (the sandbox's is + 100).
+# A broker of its own, on KAFKA_PORT + 300.
 my $port = ($ENV{KAFKA_PORT} // 19092) + 300;
 $ENV{KAFKA_PORT} = $port;
 $ENV{KAFKA_DIR} = PostgreSQL::Test::Utils::tempdir() . '/kafka';
