@@ -68,8 +68,16 @@ struct OutboxProducer
 	int			tokens_allocated;
 	int			tokens_used;
 	int			outstanding;	/* produced, no delivery report yet */
-	bool		metadata_answered;
-	int			metadata_error;
+
+	/*
+	 * Metadata requests sent and replies read: the Kafka process answers them
+	 * in order, so a probe's answer is the reply that makes the two equal,
+	 * and a reply that came after its probe gave up is not taken for the next
+	 * probe's.
+	 */
+	uint64		metadata_requests;
+	uint64		metadata_replies;
+	int			metadata_error; /* of the last reply read */
 	int			message_timeout_ms;
 	bool		fatal;			/* a fatal error, or the process is gone */
 };
@@ -243,7 +251,7 @@ handle_frame(void *arg, KafkaLink *link, uint8 type, WireReader *r)
 			break;
 		case WIRE_METADATA_REPLY:
 			producer->metadata_error = wire_i32(r);
-			producer->metadata_answered = true;
+			producer->metadata_replies++;
 			break;
 		default:
 			elog(LOG, "outbox: unknown frame type %d from the Kafka process", type);
@@ -345,9 +353,10 @@ producer_brokers_reachable(OutboxProducer *producer, int timeout_ms)
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													   timeout_ms + METADATA_REPLY_SLACK_MS);
 
-	producer->metadata_answered = false;
+	producer->metadata_requests++;
 	send_request(producer, WIRE_METADATA, true, timeout_ms);
-	while (!producer->metadata_answered && kafka_link_alive(producer->link))
+	while (producer->metadata_replies < producer->metadata_requests &&
+		   kafka_link_alive(producer->link))
 	{
 		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 
@@ -356,7 +365,8 @@ producer_brokers_reachable(OutboxProducer *producer, int timeout_ms)
 		if (kafka_link_wait(producer->link, WL_SOCKET_READABLE, left) & WL_SOCKET_READABLE)
 			kafka_link_read_available(producer->link);
 	}
-	return producer->metadata_answered && producer->metadata_error == RD_KAFKA_RESP_ERR_NO_ERROR;
+	return producer->metadata_replies == producer->metadata_requests &&
+		producer->metadata_error == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 /* Kafka record headers: the message's own, then outbox-message-id. */
