@@ -65,7 +65,11 @@ SHLIB_LINK = -lrdkafka
 #   make installcheck-kafka  the TAP tests (test/t/*.pl) against the Kafka
 #                            broker at OUTBOX_KAFKA_BROKERS (or 127.0.0.1:
 #                            KAFKA_PORT); each makes its own clusters.
-#                            PROVE_TESTS=test/t/001_publish.pl runs one.
+#                            First, one at a time, those that stop, kill or
+#                            freeze that broker (TAP_BROKER_TESTS); then the
+#                            rest, TAP_JOBS at once.
+#                            PROVE_TESTS=test/t/001_publish.pl runs the
+#                            tests named, one at a time.
 REGRESS = surface refused dead_letter views privileges settings databases delivery capture
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
@@ -73,7 +77,12 @@ ISOLATION = enqueue_rollback key_locks row_writer
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.
-PROVE_TESTS ?= test/t/*.pl
+# The tests that stop, kill or freeze the shared broker run alone; the
+# others wait on servers far more than they compute, and run side by side.
+TAP_BROKER_TESTS = test/t/003_broker_outage.pl test/t/010_fault_broker_kill.pl \
+	test/t/011_fault_broker_freeze.pl test/t/013_fault_config.pl \
+	test/t/019_fault_postmaster_death.pl test/t/022_fault_inbox.pl
+TAP_JOBS ?= 3
 EXTRA_CLEAN += tmp_regress tmp_check
 
 PG_CONFIG ?= pg_config
@@ -95,5 +104,17 @@ install-kafka-process: $(KAFKA_PROCESS)
 	$(INSTALL_PROGRAM) $(KAFKA_PROCESS) '$(DESTDIR)$(pkglibdir)/outbox_kafka'
 
 .PHONY: installcheck-kafka
+ifdef PROVE_TESTS
 installcheck-kafka:
 	$(prove_installcheck)
+else
+# Both runs go on if the first fails; the status is the worse of the two.
+installcheck-kafka: PROVE_TESTS = $(TAP_BROKER_TESTS)
+installcheck-kafka:
+	$(prove_installcheck); serial=$$?; \
+	cd $(srcdir) && TESTDIR='$(CURDIR)' PATH="$(bindir):$(CURDIR):$$PATH" PGPORT='6$(DEF_PGPORT)' \
+	  PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' \
+	  $(PROVE) $(PG_PROVE_FLAGS) $(PROVE_FLAGS) -j$(TAP_JOBS) \
+	  $(filter-out $(TAP_BROKER_TESTS),$(wildcard test/t/*.pl)); \
+	test $$serial -eq 0 -a $$? -eq 0
+endif
