@@ -15,7 +15,8 @@ use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = outbox_node('grants');
+# sent rows are kept, so that what was enqueued can be counted
+my $node = outbox_node('grants', conf => "outbox.sent_retention = '1h'");
 $node->safe_psql('postgres', 'CREATE DATABASE tenants');
 $node->safe_psql('tenants', 'CREATE EXTENSION outbox');
 
@@ -56,9 +57,9 @@ sub enqueue_ways
 		'outbox_enqueue(text)' => "SELECT outbox_enqueue('$topic', 'one'::text, 'k')",
 		'outbox_enqueue(bytea)' => "SELECT outbox_enqueue('$topic', '\\x01'::bytea)",
 		'INSERT INTO outbox_message' => "INSERT INTO outbox_message (topic, key, payload) VALUES ('$topic', 'k', 'one')",
-		'a delayed message' => "SELECT outbox_enqueue('$topic', 'later'::text, 'k', deliver_after => '1 hour')",
+		'a delayed message' => "SELECT outbox_enqueue('$topic', 'later'::text, 'later', deliver_after => '1 hour')",
 		'a delayed message at a time' =>
-		  "SELECT outbox_enqueue('$topic', 'later'::text, 'k', deliver_at => now() + interval '1 day')");
+		  "SELECT outbox_enqueue('$topic', 'later'::text, 'later', deliver_at => now() + interval '1 day')");
 }
 
 # 1. By default, after CREATE EXTENSION, no role but a superuser may
@@ -123,7 +124,6 @@ is($node->safe_psql('postgres', qq{SELECT count(*) FROM outbox_message WHERE top
 #    tenant_b's topic with a handler that copies the payloads into its own
 #    table.  Refused, whoever subscribes it to run as tenant_a.
 $node->safe_psql('tenants', q{
-	CREATE ROLE tenant_a LOGIN;
 	CREATE SCHEMA loot AUTHORIZATION tenant_a;
 	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO tenant_a;
 	SET ROLE tenant_a;
