@@ -9,7 +9,8 @@
  * end in the row trigger outbox_message_check(), so both get the same checks
  * and the same wake.  Checks raise an ERROR in the application's own
  * transaction, so a message that could never be delivered is refused before
- * it is committed.
+ * it is committed.  Each way in, and the capture's, also refuses a topic
+ * that the role enqueueing was not granted (topic_grant.c).
  *
  *-------------------------------------------------------------------------
  */
