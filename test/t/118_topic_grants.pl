@@ -117,8 +117,21 @@ like(stderr_as('postgres', 'tenant_a', $ways{$_}), qr/42501/,
 	"granted its own prefix, tenant_a still cannot put $_ on tenant_b's topic")
   for ('a delayed message', 'a delayed message at a time', 'INSERT INTO outbox_message');
 is($node->safe_psql('postgres', qq{SELECT count(*) FROM outbox_message WHERE topic <> '$a_topic'
-                                      AND topic <> 'outbox.event.Order'}),
+                                      AND topic <> 'outbox.event.Order' AND topic <> 'team_b.news'}),
 	'1', 'only the superuser\'s message is on another topic');
+
+# A grant to a role counts for the roles that have its privileges, as any
+# privilege does, and no longer once the membership is revoked.
+$node->safe_psql('postgres', q{
+	CREATE ROLE team_b NOLOGIN;
+	GRANT team_b TO tenant_b;
+	SELECT outbox_grant_topic('team_b', 'team_b.*', 'publish');
+});
+is(stderr_as('postgres', 'tenant_b', "SELECT outbox_enqueue('team_b.news', 'x'::text)"), '',
+	'a member of the role granted publishes');
+$node->safe_psql('postgres', 'REVOKE team_b FROM tenant_b');
+like(stderr_as('postgres', 'tenant_b', "SELECT outbox_enqueue('team_b.news', 'x'::text)"),
+	qr/42501: role "tenant_b" may not publish to topic "team_b\.news"/, 'and no longer once it is not one');
 
 # 3. The attack: tenant_a, with no SELECT on outbox_message, subscribes to
 #    tenant_b's topic with a handler that copies the payloads into its own
