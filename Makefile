@@ -22,6 +22,7 @@ OBJS = \
 	src/inbox_consumer.o \
 	src/inbox_worker.o \
 	src/inbox_sql.o \
+	src/topic_grant.o \
 	src/key_lock.o \
 	src/launcher.o \
 	src/launcher_slot.o \

@@ -152,15 +152,17 @@ SELECT pg_catalog.pg_extension_config_dump('outbox_dead_letter', '');
 
 -- Enqueue: check the message, insert it, wake the worker at commit.
 --
--- SECURITY DEFINER: they run as the extension's owner, so that EXECUTE alone
--- lets a role enqueue.  Such a role needs no privilege on outbox_message: it
--- cannot read the outbox, nor set a message's id, message_id, state or
--- attempts.  Running as the owner is safe without a SET search_path clause
--- (which would cost a configuration change on every call): the one statement
--- they run names outbox_message with its schema, takes its values as
--- parameters of the columns' own types, and everything else it runs (the
--- defaults, the constraints, the trigger) was bound when the extension was
--- created, so the caller's search_path cannot redirect any of it.
+-- They check that the caller may publish to the topic (see Topic grants,
+-- below), then write the message as the extension's owner, as a SECURITY
+-- DEFINER function would (they are not one, so that the grant checked is
+-- the caller's): EXECUTE and a topic grant let a role enqueue.  Such a role
+-- needs no privilege on outbox_message: it cannot read the outbox, nor set
+-- a message's id, message_id, state or attempts.  Writing as the owner is
+-- safe without a SET search_path clause: the one statement they run names
+-- outbox_message with its schema, takes its values as parameters of the
+-- columns' own types, and everything else it runs (the defaults, the
+-- constraints, the trigger) was bound when the extension was created, so
+-- the caller's search_path cannot redirect any of it.
 CREATE FUNCTION outbox_enqueue(topic text, payload jsonb,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL,
                                "partition" integer DEFAULT NULL,
@@ -168,7 +170,7 @@ CREATE FUNCTION outbox_enqueue(topic text, payload jsonb,
                                deliver_at timestamptz DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_jsonb'
-LANGUAGE C VOLATILE SECURITY DEFINER;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION outbox_enqueue(topic text, payload text,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL,
@@ -177,7 +179,7 @@ CREATE FUNCTION outbox_enqueue(topic text, payload text,
                                deliver_at timestamptz DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
-LANGUAGE C VOLATILE SECURITY DEFINER;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION outbox_enqueue(topic text, payload bytea,
                                key text DEFAULT NULL, headers jsonb DEFAULT NULL,
@@ -186,7 +188,7 @@ CREATE FUNCTION outbox_enqueue(topic text, payload bytea,
                                deliver_at timestamptz DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_enqueue_bytes'
-LANGUAGE C VOLATILE SECURITY DEFINER;
+LANGUAGE C VOLATILE;
 
 -- A plain INSERT INTO outbox_message gets the same checks and the same wake.
 -- No EXECUTE for PUBLIC (see Privileges): a trigger function is not checked
@@ -728,4 +730,84 @@ REVOKE EXECUTE ON FUNCTION
     outbox_capture(regclass, jsonb),
     outbox_uncapture(regclass),
     outbox_capture_trigger()
+FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Topic grants: which roles may publish to (enqueue to) and subscribe to
+-- which topics.
+--
+-- The extension's owner gives and takes them with outbox_grant_topic() and
+-- outbox_revoke_topic(); outbox_topic_grants lists them.  A topic pattern
+-- that ends in * is a prefix ('orders.*' grants 'orders.eu'; '*' alone,
+-- every topic), as Kafka's PREFIXED resource pattern; any other is one
+-- topic, as Kafka's LITERAL.  Checked, as the role doing it (or a role whose
+-- privileges it has), at every enqueue (outbox_enqueue(), an INSERT INTO
+-- outbox_message, a captured table's insert), at inbox_subscribe() (the
+-- caller and run_as) and before each inbox batch (run_as); superusers and
+-- the extension's owner need none.
+-- ---------------------------------------------------------------------------
+
+-- The grants.  By regrole, so that a dump holds the roles' names.  Written
+-- by the functions below as the extension's owner; granted to no one.
+CREATE TABLE outbox_topic_grant (
+    role           regrole NOT NULL,
+    topic_pattern  text NOT NULL,
+    privilege      text NOT NULL
+                   CONSTRAINT outbox_topic_grant_privilege_check
+                   CHECK (privilege OPERATOR(pg_catalog.=) ANY (ARRAY['publish', 'subscribe'])),
+    granted_by     regrole NOT NULL,
+    granted_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, topic_pattern, privilege)
+);
+
+COMMENT ON TABLE outbox_topic_grant IS
+    'Who may publish to and subscribe to which topics: see outbox_grant_topic() and outbox_revoke_topic()';
+
+SELECT pg_catalog.pg_extension_config_dump('outbox_topic_grant', '');
+
+-- Each backend keeps the grants it read; a change of the table, however
+-- made, tells every backend to read them again.  No EXECUTE for PUBLIC.
+CREATE FUNCTION outbox_topic_grant_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_topic_grant_changed'
+LANGUAGE C;
+
+CREATE TRIGGER outbox_topic_grant_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox_topic_grant
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_topic_grant_changed();
+
+-- Not SECURITY DEFINER: they write the table as the extension's owner,
+-- and record who called.  No EXECUTE for PUBLIC: the extension's owner
+-- (or a superuser) gives and takes grants.
+CREATE FUNCTION outbox_grant_topic(role regrole, topic text, privilege text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'outbox_grant_topic'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION outbox_grant_topic(regrole, text, text) IS
+    'Let a role publish (''publish'') or subscribe (''subscribe'') to a topic, or to every topic of a prefix (''orders.*''); returns whether the grant is new';
+
+CREATE FUNCTION outbox_revoke_topic(role regrole, topic text, privilege text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'outbox_revoke_topic'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION outbox_revoke_topic(regrole, text, text) IS
+    'Take back a grant of outbox_grant_topic(), given with the same pattern; returns whether there was one';
+
+CREATE VIEW outbox_topic_grants AS
+SELECT role,
+       topic_pattern,
+       CASE WHEN pg_catalog."right"(topic_pattern, 1) OPERATOR(pg_catalog.=) '*'
+            THEN 'prefixed' ELSE 'literal' END AS pattern_type,
+       privilege,
+       granted_by,
+       granted_at
+FROM outbox_topic_grant
+ORDER BY role::pg_catalog.text COLLATE "C", topic_pattern COLLATE "C", privilege COLLATE "C";
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_topic_grant_changed(),
+    outbox_grant_topic(regrole, text, text),
+    outbox_revoke_topic(regrole, text, text)
 FROM PUBLIC;

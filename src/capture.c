@@ -61,6 +61,7 @@
 
 #include "capture.h"
 #include "enqueue.h"
+#include "topic_grant.h"
 #include "statements.h"
 
 PG_FUNCTION_INFO_V1(outbox_capture);
@@ -371,6 +372,9 @@ enqueue_as_owner(const CaptureState *state, NewMessage *message)
 	Oid			saved_user;
 	int			saved_context;
 
+	/* the inserting role's grant counts, as for an INSERT INTO outbox_message */
+	check_kafka_topic("outbox", message->topic);
+	topic_grant_check_publish(message->topic);
 	GetUserIdAndSecContext(&saved_user, &saved_context);
 	SetUserIdAndSecContext(state->extension.owner, saved_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);

@@ -9,15 +9,18 @@
  * end in the row trigger outbox_message_check(), so both get the same checks
  * and the same wake.  Checks raise an ERROR in the application's own
  * transaction, so a message that could never be delivered is refused before
- * it is committed.
+ * it is committed.  Each way in, and the capture's, also refuses a topic
+ * that the role enqueueing was not granted (topic_grant.c).
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/detoast.h"
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/partition.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
@@ -27,6 +30,7 @@
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
@@ -37,6 +41,7 @@
 #include "serving.h"
 #include "settings.h"
 #include "statements.h"
+#include "topic_grant.h"
 #include "trace_context.h"
 #include "worker_slot.h"
 
@@ -429,6 +434,61 @@ delivery_time(FunctionCallInfo fcinfo)
 }
 
 /*
+ * The outbox_enqueue() function's schema, whose outbox it writes, and its
+ * owner, the extension's: found once per query (fn_extra).
+ */
+typedef struct EnqueueFunction
+{
+	Oid			namespace;
+	Oid			owner;
+} EnqueueFunction;
+
+static const EnqueueFunction *
+enqueue_function(FunctionCallInfo fcinfo)
+{
+	FmgrInfo   *flinfo = fcinfo->flinfo;
+	EnqueueFunction *found = flinfo->fn_extra;
+	HeapTuple	tuple;
+
+	if (found != NULL)
+		return found;
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(flinfo->fn_oid));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for function %u", flinfo->fn_oid);
+	found = MemoryContextAlloc(flinfo->fn_mcxt, sizeof(EnqueueFunction));
+	found->namespace = ((Form_pg_proc) GETSTRUCT(tuple))->pronamespace;
+	found->owner = ((Form_pg_proc) GETSTRUCT(tuple))->proowner;
+	ReleaseSysCache(tuple);
+	flinfo->fn_extra = found;
+	return found;
+}
+
+/*
+ * Enqueue a message as the caller, once its topic is checked: the caller
+ * must be granted it (topic_grant.c), the check being of the role that
+ * calls, as PostgreSQL checks a privilege.  The message is then written as
+ * the function's owner, the extension's, as a SECURITY DEFINER function
+ * would (so that the caller needs no privilege on outbox_message); an
+ * error puts the role back as the (sub)transaction aborts.
+ */
+static int64
+enqueue_as_caller(FunctionCallInfo fcinfo, NewMessage *message)
+{
+	const EnqueueFunction *function = enqueue_function(fcinfo);
+	Oid			saved_user;
+	int			saved_context;
+	int64		id;
+
+	check_kafka_topic("outbox", message->topic);
+	topic_grant_check_publish(message->topic);
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	SetUserIdAndSecContext(function->owner, saved_context | SECURITY_LOCAL_USERID_CHANGE);
+	id = enqueue_message(function->namespace, message);
+	SetUserIdAndSecContext(saved_user, saved_context);
+	return id;
+}
+
+/*
  * The common part of the outbox_enqueue() variants, once the payload
  * is in its bytes.  Checking here rather than in the trigger lets the errors
  * name the function's arguments.  The functions of a schema before 0.6.0
@@ -459,7 +519,7 @@ enqueue(FunctionCallInfo fcinfo, bytea *payload)
 		message.deliver_at = delivery_time(fcinfo);
 	}
 
-	PG_RETURN_INT64(enqueue_message(get_func_namespace(fcinfo->flinfo->fn_oid), &message));
+	PG_RETURN_INT64(enqueue_as_caller(fcinfo, &message));
 }
 
 static void
@@ -721,6 +781,7 @@ outbox_message_check(PG_FUNCTION_ARGS)
 	{
 		tuple = add_trace_context(tuple, desc);
 		check_inserted_row(tuple, desc, &topic, &key);
+		topic_grant_check_publish(topic);
 		if (key)
 			key_lock_acquire(topic, key);
 	}

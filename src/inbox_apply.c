@@ -58,6 +58,7 @@
 #include "message.h"
 #include "settings.h"
 #include "statements.h"
+#include "topic_grant.h"
 #include "worker_slot.h"
 
 /* How a message of a batch went. */
@@ -602,6 +603,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 			elog(ERROR, "the extension is not there");
 		if (!handler_open(&h, st->subscription, &why))
 			elog(ERROR, "subscription \"%s\" cannot be applied: %s", st->subscription->name, why);
+		topic_grant_check_subscription(st->subscription);
 		record_received(st);
 		if (st->keys_may_be_held)
 			find_held_keys(st);
@@ -729,6 +731,7 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 			elog(ERROR, "the extension is not there");
 		if (!handler_open(&h, s, &why))
 			elog(ERROR, "subscription \"%s\" cannot be applied: %s", s->name, why);
+		topic_grant_check_subscription(s);
 		foreach(lc, inbox_due_retries(s))
 			settle_key(&h, lfirst(lc), outcome);
 		inbox_commit_transaction(caller);

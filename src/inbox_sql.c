@@ -38,6 +38,7 @@
 #include "enqueue.h"
 #include "inbox_slot.h"
 #include "statements.h"
+#include "topic_grant.h"
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);
 PG_FUNCTION_INFO_V1(inbox_unsubscribe);
@@ -273,6 +274,8 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	values[1] = PointerGetDatum(check_topics(PG_GETARG_ARRAYTYPE_P(ARG_TOPICS)));
 	check_run_as(run_as);
 	check_handler(handler, run_as);
+	topic_grant_check_subscribe(GetUserId(), DatumGetArrayTypeP(values[1]));
+	topic_grant_check_subscribe(run_as, DatumGetArrayTypeP(values[1]));
 	if (!PG_ARGISNULL(ARG_MAX_ATTEMPTS) && PG_GETARG_INT32(ARG_MAX_ATTEMPTS) < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

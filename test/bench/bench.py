@@ -630,6 +630,10 @@ class Inbox:
         self.db.run(INBOX_HANDLER.format(table=table, role=INBOX["role"]))
 
     def subscribe(self, name, topics, table):
+        # its topics granted, where the extension has topic grants (0.8.0 on)
+        if self.db.value("SELECT EXISTS (SELECT FROM pg_proc WHERE proname = 'outbox_grant_topic')"):
+            self.db.run("SELECT outbox_grant_topic(%s::regrole, topic, 'subscribe') FROM unnest(%s::text[]) topic",
+                        (INBOX["role"], topics))
         self.db.run("SELECT inbox_subscribe(%s, %s::text[], %s::regprocedure, start_from => 'earliest',"
                     " run_as => %s::regrole)",
                     (name, topics, f"{table}_handler(inbox_message)", INBOX["role"]))

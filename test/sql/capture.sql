@@ -27,6 +27,10 @@ CREATE TABLE outboxevent (
 );
 GRANT INSERT, UPDATE, DELETE, SELECT ON outboxevent TO capture_app;
 RESET ROLE;
+-- the inserting role publishes, so it is granted the topics it routes to
+SELECT outbox_grant_topic('capture_app', 'outbox.event.*', 'publish');
+SELECT outbox_grant_topic('capture_owner', topic, 'publish')
+  FROM unnest(ARRAY['outbox.event.*', 'Order.events', 'fixed.topic']) AS topic;
 
 -- Not for PUBLIC: a role without the grant may not capture, even its own table.
 SET ROLE capture_stranger;

@@ -15,6 +15,9 @@ GRANT EXECUTE ON FUNCTION outbox_enqueue(text, jsonb, text, jsonb, integer, inte
                           outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz),
                           outbox_enqueue(text, bytea, text, jsonb, integer, interval, timestamptz) TO outbox_app;
 GRANT INSERT (topic, key, payload, headers) ON outbox_message TO outbox_app;
+-- and the topics it publishes to, by the extension's owner
+SELECT outbox_grant_topic('outbox_app', 'orders', 'publish'),
+       outbox_grant_topic('outbox_app', 'lookalike', 'publish');
 -- the monitoring role
 CREATE ROLE outbox_monitor;
 GRANT SELECT ON outbox_status, outbox_worker, outbox_launcher TO outbox_monitor;
@@ -28,6 +31,10 @@ GRANT SELECT ON outbox_dead_letter TO outbox_operator;
 
 -- A role without grants can do none of it.
 SET ROLE outbox_nobody;
+SELECT outbox_grant_topic('outbox_nobody', '*', 'publish');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_revoke_topic('outbox_app', 'orders', 'publish');
+\echo :LAST_ERROR_SQLSTATE
 SELECT outbox_enqueue('t', '{}'::jsonb);
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_enqueue('t', 'x'::text);
@@ -77,6 +84,11 @@ INSERT INTO outbox_message (topic, key, payload, headers)
 VALUES ('orders', 'o-1', 'inserted', '{"via": "insert"}');
 -- checks still apply to it
 SELECT outbox_enqueue('bad topic', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+-- only to the topics it was granted
+SELECT outbox_enqueue('payments', 'x'::text);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO outbox_message (topic, payload) VALUES ('orders.eu', 'x');
 \echo :LAST_ERROR_SQLSTATE
 INSERT INTO outbox_message (topic, payload, message_id)
 VALUES ('orders', 'forged', 'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a21');

@@ -51,6 +51,8 @@ CREATE ROLE regress_inbox_subscriber;
 CREATE FUNCTION regress_inbox_handler(m inbox_message) RETURNS void
 LANGUAGE sql BEGIN ATOMIC END;
 GRANT EXECUTE ON FUNCTION regress_inbox_handler(inbox_message) TO regress_inbox_subscriber;
+SELECT outbox_grant_topic('regress_inbox_subscriber', 'no.such.topic', 'subscribe'),
+       outbox_grant_topic('regress_inbox_subscriber', 'another.topic', 'subscribe');
 SELECT inbox_subscribe('waiting', ARRAY['no.such.topic', 'another.topic'],
                        'regress_inbox_handler(inbox_message)', run_as => 'regress_inbox_subscriber');
 SELECT subscription, topic, "partition", next_offset, high_watermark, lag, retrying,

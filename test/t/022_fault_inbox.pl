@@ -25,6 +25,7 @@ my $coupons = outbox_node('coupons', conf => join("\n", 'restart_after_crash = o
 	"outbox.retry_backoff_base = '20ms'", "outbox.retry_backoff_max = '100ms'"));
 $coupons->safe_psql('postgres', q{
 	CREATE ROLE coupon_svc;
+	SELECT outbox_grant_topic('coupon_svc', 'fault.inbox.*', 'subscribe');
 	CREATE TABLE inbox_applied (seq bigserial PRIMARY KEY, message_id uuid, key text);
 	GRANT INSERT ON inbox_applied TO coupon_svc;
 	GRANT USAGE ON SEQUENCE inbox_applied_seq_seq TO coupon_svc;

@@ -21,7 +21,12 @@
 # upgraded database: a plain role granted EXECUTE on inbox_subscribe()
 # subscribes a handler of its own to a new topic, and the messages the
 # database then enqueues are applied by the handler once each, as that
-# role, with no lag left.
+# role, with no lag left.  Topic grants: a role that could enqueue before
+# the update (EXECUTE on outbox_enqueue(), INSERT on outbox_message) may
+# publish to every topic after it, shown in outbox_topic_grants, and no
+# other role is granted anything; a subscription of before the update
+# whose role holds no subscribe grant waits, saying why, and applies
+# everything, each message once, once its role is granted its topic.
 use strict;
 use warnings;
 
@@ -142,6 +147,10 @@ my $highest_id = $node->safe_psql('postgres',
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
 is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), $current,
 	"from $from, the extension is at $current");
+is($node->safe_psql('postgres', q{
+	SELECT string_agg(concat_ws(' ', role, topic_pattern, pattern_type, privilege), ', ') FROM outbox_topic_grants}),
+	'app * prefixed publish',
+	"$from: the role that could enqueue may publish to every topic, as outbox_topic_grants shows; no one else is granted any");
 
 # The upgraded schema is the fresh install's, object by object.
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
@@ -311,6 +320,13 @@ if ($has_inbox)
 	$node->safe_psql('postgres', q{
 		DELETE FROM kept_failing;
 		SELECT count(inbox_requeue(id)) FROM inbox_dead_letter WHERE subscription = 'kept_dead';});
+	# no subscribe grant was made for their role: they wait, and say why
+	ok(wait_for_query($node, q{SELECT last_error LIKE '%its role "kept_svc" may not subscribe to topic%' FROM inbox_worker},
+			't', 60),
+		"$from: the subscriptions of before the update wait for their role's subscribe grant, and inbox_worker says why");
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM kept_applied}), '7',
+		"$from: meanwhile none of their messages is applied");
+	$node->safe_psql('postgres', "SELECT outbox_grant_topic('kept_svc', '$kept', 'subscribe')");
 	ok(wait_for_query($node, q{SELECT sub || ':' || string_agg(payload, ',' ORDER BY seq) FROM kept_applied
 			GROUP BY sub ORDER BY sub},
 			"kept_dead:kept 1,kept 2,kept 4,kept 5,kept 3\nkept_retrying:kept 1,kept 3,kept 5,kept 2,kept 4", 60),
@@ -339,6 +355,7 @@ $node->safe_psql('postgres', qq{
 	REVOKE EXECUTE ON FUNCTION apply(inbox_message) FROM PUBLIC;
 	GRANT EXECUTE ON FUNCTION apply(inbox_message) TO subscriber;
 	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO subscriber;
+	SELECT outbox_grant_topic('subscriber', 'upgrade.$name.*', 'subscribe');
 	SET ROLE subscriber;
 	SELECT inbox_subscribe('upgraded', ARRAY['$inbox_topic'], 'apply(inbox_message)');
 	RESET ROLE;

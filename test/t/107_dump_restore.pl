@@ -82,6 +82,7 @@ $source->safe_psql('shop', qq{
 	REVOKE EXECUTE ON FUNCTION apply_coupon(inbox_message) FROM PUBLIC;
 	GRANT EXECUTE ON FUNCTION apply_coupon(inbox_message) TO coupon_svc;
 	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO coupon_svc;
+	SELECT outbox_grant_topic('coupon_svc', '$inbox_topic', 'subscribe');
 	SET ROLE coupon_svc;
 	SELECT inbox_subscribe('coupons', ARRAY['$inbox_topic'], 'apply_coupon(inbox_message)', max_attempts => 2);
 	RESET ROLE;

@@ -28,6 +28,7 @@ $node->safe_psql('postgres', q{
 	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;
 	CREATE TABLE vacuum_me AS SELECT i FROM generate_series(1, 1000) i;
 });
+$node->safe_psql('postgres', "SELECT outbox_grant_topic('app', '$topic', 'publish')");
 
 # The extension's locks (0x4f42 exact, 0x4f43 bucket) held by a backend.
 my $key_locks_of = sub {

@@ -101,6 +101,7 @@ like($err, qr/does not take one inbox_message/, 'a function of no inbox_message 
 
 $node->safe_psql('coupons', qq{
 	GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure, integer, text, regrole) TO coupon_svc;
+	SELECT outbox_grant_topic('coupon_svc', 'inbox.*', 'subscribe');
 	SET ROLE coupon_svc;
 	SELECT inbox_subscribe('coupons', ARRAY['$topic'], 'apply_coupon(inbox_message)');
 });

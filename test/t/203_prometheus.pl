@@ -104,6 +104,7 @@ $node->safe_psql('postgres', qq{
 	END \$\$;
 	CREATE ROLE subscriber;
 	GRANT INSERT ON applied TO subscriber;
+	SELECT outbox_grant_topic('subscriber', '$topic', 'subscribe');
 	SELECT inbox_subscribe('orders', ARRAY['$topic'], 'apply(inbox_message)', run_as => 'subscriber');
 });
 $node->safe_psql('postgres', qq{

@@ -135,6 +135,8 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE app;
 	CREATE ROLE intruder;
 	GRANT EXECUTE ON FUNCTION outbox_capture(regclass, jsonb), outbox_uncapture(regclass) TO app_owner;
+	-- the roles that insert into captured tables publish: to every topic here
+	SELECT outbox_grant_topic('app_owner', '*', 'publish'), outbox_grant_topic('app', '*', 'publish');
 	CREATE SCHEMA inventory AUTHORIZATION app_owner;
 	CREATE SCHEMA quarkus AUTHORIZATION app_owner;
 	CREATE SCHEMA shop AUTHORIZATION app_owner;
