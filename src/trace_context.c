@@ -149,7 +149,7 @@ tracestate_key_is_valid(const char *key, size_t len)
 
 	if (part == 0 || part > (at ? TRACESTATE_MAX_TENANT : TRACESTATE_MAX_KEY))
 		return false;
-	if (!is_key_char(key[0], at == NULL) && !(at && key[0] >= '0' && key[0] <= '9'))
+	if (!is_key_char(key[0], true) && !(at && key[0] >= '0' && key[0] <= '9'))
 		return false;
 	for (size_t i = 1; i < part; i++)
 		if (!is_key_char(key[i], false))

@@ -92,7 +92,8 @@ my %bad_states = (
 	'33 members' => join(',', map { "k$_=v" } 1 .. 33),
 	'over 512 bytes' => 'rojo=' . ('v' x 250) . ',congo=' . ('v' x 250) . ',x=' . ('v' x 20),
 	'a key without value' => 'rojo',
-	'a value with "="' => 'rojo=a=b');
+	'a value with "="' => 'rojo=a=b',
+	'a tenant beginning with "_"' => '_t\@congo=1');
 my $n = 0;
 for my $what (sort keys %bad_states)
 {
