@@ -7,7 +7,8 @@
 #    W3C says; one that is not W3C's grammar (a tail not after '-', 1.1 MB
 #    of it, an all-zero id) and a tracestate that is not (an upper-case
 #    key, a byte 0xFF, 33 members, over 512 bytes) are dropped with a
-#    NOTICE, and the write succeeds.  Every header stored is valid UTF-8,
+#    NOTICE, and the write succeeds; so is a valid one that would make the
+#    record larger than outbox.max_payload_size.  Every header stored is valid UTF-8,
 #    and pg_dump | pg_restore --single-transaction of the database
 #    succeeds with every message.
 # 2. Delays.  deliver_at => '294276-12-31' and a deliver_after past
@@ -81,6 +82,15 @@ is(headers_of('trace.huge'), 'none', 'and the write succeeded without it');
 is(enqueue_with_comment('trace.huge_later', "traceparent='01-$trace_id-$parent_id-01-$huge'"), '',
 	'a 1.1 MB later version');
 is(headers_of('trace.huge_later'), qq({"traceparent": "$normal"}), 'is sent as its 55 characters of version 00');
+
+# The largest payload a record without key and headers may carry: with the
+# trace context it would be too large, so it goes without.
+my ($full_state, $full_err) = run_sql(
+	"SELECT outbox_enqueue('trace.full', repeat('x', 999909)::text) /*traceparent='$normal'*/", 'app');
+is($full_state, '', 'a payload at the record size limit with a trace context in its comment: the write succeeds');
+like($full_err, qr/NOTICE:  .*enqueued without its trace context, which would make its record larger than outbox.max_payload_size/,
+	'without the trace context, with a NOTICE');
+is(headers_of('trace.full'), 'none', 'the message has no trace context');
 
 enqueue_with_comment('trace.zero', "traceparent='00-00000000000000000000000000000000-$parent_id-01'");
 is(headers_of('trace.zero'), 'none', 'an all-zero trace id is dropped');
