@@ -41,6 +41,7 @@ OBJS = \
 	src/shared_memory.o \
 	src/standby_slots.o \
 	src/trace_context.o \
+	src/worker_session.o \
 	src/worker_slot.o
 
 # librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c

@@ -484,8 +484,9 @@ next_property_line(const char **p, StringInfo line)
  * java.util.Properties that OpenTelemetry's propagator filled in, as the
  * Quarkus outbox extension stores it (Properties.store(): a date comment,
  * then traceparent=... and tracestate=..., ':' and '=' escaped with a
- * backslash).  Only a traceparent W3C allows is taken, and a tracestate
- * only with it; anything else is ignored, as OpenTelemetry ignores it.
+ * backslash).  Only a traceparent W3C allows is taken (a later version's
+ * as version 00), and a tracestate only with it; anything else is ignored,
+ * as OpenTelemetry ignores it.
  */
 static SpanContext
 row_span_context(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
@@ -504,8 +505,9 @@ row_span_context(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 	initStringInfo(&line);
 	while (next_property_line(&p, &line))
 		read_property(line.data, line.data + line.len, &context);
-	if (context.traceparent == NULL || !traceparent_is_valid(context.traceparent))
-		context.traceparent = context.tracestate = NULL;
+	context.traceparent = traceparent_normalize(context.traceparent);
+	if (context.traceparent == NULL)
+		context.tracestate = NULL;
 	if (context.tracestate != NULL && !tracestate_is_valid(context.tracestate))
 		context.tracestate = NULL;
 	return context;

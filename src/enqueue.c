@@ -28,6 +28,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
@@ -60,6 +61,15 @@
  * headers; test/t/103_fuzz.pl reads 10,000 back through librdkafka.
  */
 #define MAX_HEADERS 10000
+
+/*
+ * Header names the extension writes into every record itself: a message
+ * that named one would reach Kafka with two, and a consumer that reads the
+ * first (most do) would take the enqueuer's value for the extension's, and
+ * deduplicate on it.  Compared without regard to case, as some consumers'
+ * header maps do.
+ */
+static const char *const reserved_header_names[] = {MESSAGE_ID_HEADER};
 
 /* Set when this transaction wrote an outbox row; the commit wakes the worker. */
 static bool wake_worker_at_commit = false;
@@ -187,17 +197,24 @@ kafka_header_size(Size name_len, Size value_len)
  * for its key or headers, and would then be dead-lettered long after its
  * transaction committed.
  */
+static Size
+record_size(Size payload_len, text *key, Size headers_size)
+{
+	Size		key_len = key ? VARSIZE_ANY_EXHDR(key) : 0;
+
+	/* the worker adds the message id header */
+	return KAFKA_RECORD_MAX_FRAMING + payload_len + key_len + headers_size +
+		kafka_header_size(strlen(MESSAGE_ID_HEADER), UUID_TEXT_LENGTH);
+}
+
 static void
 check_record_size(Size payload_len, text *key, Size headers_size)
 {
 	Size		key_len = key ? VARSIZE_ANY_EXHDR(key) : 0;
 	Size		all_headers;
-	Size		size;
+	Size		size = record_size(payload_len, key, headers_size);
 
-	/* the worker adds the message id header */
 	all_headers = headers_size + kafka_header_size(strlen(MESSAGE_ID_HEADER), UUID_TEXT_LENGTH);
-	size = KAFKA_RECORD_MAX_FRAMING + payload_len + key_len + all_headers;
-
 	if (size > (Size) outbox_max_record_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -210,9 +227,26 @@ check_record_size(Size payload_len, text *key, Size headers_size)
 						 "store large content elsewhere and enqueue a reference to it.")));
 }
 
+/* Refuse a header name that the extension writes itself. */
+static void
+check_header_name(const char *name, int len)
+{
+	for (int i = 0; i < (int) lengthof(reserved_header_names); i++)
+		if (len == (int) strlen(reserved_header_names[i]) &&
+			pg_strncasecmp(name, reserved_header_names[i], len) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox header \"%.*s\" is reserved", len, name),
+					 errdetail("The extension adds the header \"%s\" to every record itself.",
+							   reserved_header_names[i]),
+					 errhint("Give the header another name; the record's own \"%s\" is the message's message_id.",
+							 reserved_header_names[i])));
+}
+
 /*
- * Kafka headers are name/value pairs of bytes: a JSON object of strings.
- * Returns the size the headers take in a Kafka record.
+ * Kafka headers are name/value pairs of bytes: a JSON object of strings,
+ * none named as a header the extension writes.  Returns the size the
+ * headers take in a Kafka record.
  */
 static Size
 check_headers(Jsonb *headers)
@@ -244,6 +278,7 @@ check_headers(Jsonb *headers)
 	{
 		if (token == WJB_KEY)
 		{
+			check_header_name(v.val.string.val, v.val.string.len);
 			name_len = v.val.string.len;
 			expect_value = true;
 		}
@@ -371,6 +406,33 @@ insert_message(Oid namespace, const NewMessage *message)
 }
 
 /*
+ * The headers of a message with the trace context added, if it has one and
+ * the record stays within outbox.max_payload_size with it; *headers_size
+ * is updated.  A trace context never makes a write fail: one that would
+ * make the record too large is left out, with a NOTICE.
+ */
+static Jsonb *
+with_trace_context(Jsonb *headers, Size payload_len, text *key, Size *headers_size)
+{
+	Jsonb	   *traced = trace_context_add_headers(headers);
+	Size		traced_size;
+
+	if (traced == headers)
+		return headers;
+	traced_size = check_headers(traced);
+	if (record_size(payload_len, key, traced_size) > (Size) outbox_max_record_size &&
+		record_size(payload_len, key, *headers_size) <= (Size) outbox_max_record_size)
+	{
+		ereport(NOTICE,
+				(errmsg("outbox: the message is enqueued without its trace context, which would make its record larger than outbox.max_payload_size (%d bytes)",
+						outbox_max_record_size)));
+		return headers;
+	}
+	*headers_size = traced_size;
+	return traced;
+}
+
+/*
  * Check a message, add the trace context to its headers, lock its key and
  * insert it into the outbox of this namespace; returns its id.  The one way
  * in for outbox_enqueue() and for the rows outbox_capture() captures.
@@ -379,21 +441,34 @@ int64
 enqueue_message(Oid namespace, NewMessage *message)
 {
 	Size		headers_size;
-	Jsonb	   *traced;
+	Size		payload_len = message->payload ? VARSIZE_ANY_EXHDR(message->payload) : 0;
 
 	check_kafka_topic("outbox", message->topic);
 	headers_size = check_headers(message->headers);
-	traced = trace_context_add_headers(message->headers);
-	if (traced != message->headers)
-	{
-		message->headers = traced;
-		headers_size = check_headers(traced);
-	}
-	check_record_size(message->payload ? VARSIZE_ANY_EXHDR(message->payload) : 0, message->key,
-					  headers_size);
+	message->headers = with_trace_context(message->headers, payload_len, message->key,
+										  &headers_size);
+	check_record_size(payload_len, message->key, headers_size);
 	if (message->key)
 		key_lock_acquire(message->topic, message->key);
 	return insert_message(namespace, message);
+}
+
+/*
+ * Refuse a delay longer than outbox.max_delay: until it is sent, a delayed
+ * message holds back every later message of its key, whoever enqueues
+ * them.  Both ways to delay, deliver_after and deliver_at, come here.
+ */
+static void
+check_delay_ceiling(TimestampTz now, TimestampTz due)
+{
+	if (due > now && (due - now) / USECS_PER_SEC > (int64) outbox_max_delay)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox delivery time %s is more than outbox.max_delay (%s) from now",
+						timestamptz_to_str(due), GetConfigOptionByName("outbox.max_delay", NULL, false)),
+				 errdetail("A delayed message holds back every later message of its key until it is sent."),
+				 errhint("Give a shorter delay, or keep far-off schedules in a table of your own and enqueue when they are due; "
+						 "a superuser may raise outbox.max_delay.")));
 }
 
 /*
@@ -430,6 +505,7 @@ delivery_time(FunctionCallInfo fcinfo)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("outbox delivery time must be finite")));
+	check_delay_ceiling(now, due);
 	return due > now ? due : 0;
 }
 
@@ -595,7 +671,10 @@ check_inserted_row(HeapTuple tuple, TupleDesc desc, text **topic, text **key)
 				 errhint("Leave the state column out of the INSERT.")));
 }
 
-/* A row inserted directly, with the trace context added to its headers. */
+/*
+ * A row inserted directly, with the trace context added to its headers
+ * (where the record stays within outbox.max_payload_size with it).
+ */
 static HeapTuple
 add_trace_context(HeapTuple tuple, TupleDesc desc)
 {
@@ -603,7 +682,18 @@ add_trace_context(HeapTuple tuple, TupleDesc desc)
 	bool		isnull;
 	Datum		value = heap_getattr(tuple, attnum, desc, &isnull);
 	Jsonb	   *headers = isnull ? NULL : DatumGetJsonbP(value);
-	Jsonb	   *traced = trace_context_add_headers(headers);
+	Size		headers_size = check_headers(headers);
+	Size		payload_len = 0;
+	text	   *key = NULL;
+	Jsonb	   *traced;
+
+	value = heap_getattr(tuple, SPI_fnumber(desc, "payload"), desc, &isnull);
+	if (!isnull)
+		payload_len = toast_raw_datum_size(value) - VARHDRSZ;
+	value = heap_getattr(tuple, SPI_fnumber(desc, "key"), desc, &isnull);
+	if (!isnull)
+		key = DatumGetTextPP(value);
+	traced = with_trace_context(headers, payload_len, key, &headers_size);
 
 	if (traced == headers)
 		return tuple;

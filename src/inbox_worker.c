@@ -40,6 +40,7 @@
 #include "inbox_store.h"
 #include "inbox_slot.h"
 #include "settings.h"
+#include "worker_session.h"
 #include "worker_slot.h"
 
 /* The pause before a consumer that failed, or whose batch failed, starts again. */
@@ -445,6 +446,7 @@ static void
 connect_to_database(Oid database)
 {
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	worker_pin_session_settings();	/* who it is, how it runs: worker_session.c */
 	SetConfigOption("search_path", WORKER_SEARCH_PATH, PGC_SUSET, PGC_S_SESSION);
 	pgstat_report_appname("outbox inbox");
 }

@@ -64,13 +64,20 @@
 #include "launcher.h"
 #include "launcher_slot.h"
 #include "settings.h"
+#include "worker_session.h"
 #include "worker_slot.h"
 
 /* How often pg_database is read again without being asked. */
 #define SCAN_INTERVAL_MS 5000
 
-/* The pause before a publisher that exited is started again. */
+/*
+ * The pause before a publisher that exited is started again; doubled for
+ * each error in a row that ended one (a disk full, which the next one
+ * meets too), up to MAX_RESTART_PAUSE_MS.  A publisher that ran that long
+ * before its error starts the count again.
+ */
 #define RESTART_PAUSE_MS 1000
+#define MAX_RESTART_PAUSE_MS (60 * 1000)
 
 /* The pause before a failed start or probe is tried again. */
 #define RETRY_PAUSE_MS 5000
@@ -116,6 +123,8 @@ typedef struct KnownDatabase
 	int			slot;			/* while SERVED */
 	TimestampTz restart_at;		/* while SERVED, its publisher gone: when the
 								 * next starts */
+	TimestampTz started_at;		/* while SERVED: when its publisher was asked for */
+	int			errors_in_row;	/* publishers an error ended, one after the other */
 	BackgroundWorkerHandle *worker;	/* while SERVED and its worker asked for */
 	bool		stop_asked;		/* SIGTERM sent to its worker */
 	BackgroundWorkerHandle *inbox;	/* its inbox worker, if asked for */
@@ -393,6 +402,7 @@ start_publisher(KnownDatabase *db, uint32 generation)
 	db->worker = start_worker("outbox_publisher_main", PUBLISHER_TYPE, NameStr(db->name),
 							  Int32GetDatum(db->slot), generation);
 	db->stop_asked = false;
+	db->started_at = GetCurrentTimestamp();
 	if (db->worker != NULL)
 	{
 		db->start_failed = false;
@@ -479,6 +489,36 @@ release_slot(KnownDatabase *db, DatabaseState state)
 }
 
 /*
+ * How long to wait before the next publisher of a database whose publisher
+ * left for reason: RESTART_PAUSE_MS, doubled for each error in a row, so
+ * that a publisher that meets the same error at each start (its
+ * tablespace full) is not started once a second for as long as it lasts.
+ * Its error is in outbox_worker.last_error meanwhile (publisher.c).
+ */
+static long
+restart_pause_ms(KnownDatabase *db, WorkerExitReason reason)
+{
+	long		pause_ms = RESTART_PAUSE_MS;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (reason != WORKER_EXIT_ERROR ||
+		TimestampDifferenceExceeds(db->started_at, now, MAX_RESTART_PAUSE_MS))
+	{
+		db->errors_in_row = 0;
+		return pause_ms;
+	}
+	db->errors_in_row++;
+	for (int i = 1; i < db->errors_in_row && pause_ms < MAX_RESTART_PAUSE_MS; i++)
+		pause_ms *= 2;
+	pause_ms = Min(pause_ms, MAX_RESTART_PAUSE_MS);
+	ereport(LOG,
+			(errmsg("outbox launcher: the worker of database \"%s\" ended with an error (%d in a row); the next starts in %ld s",
+					NameStr(db->name), db->errors_in_row, pause_ms / 1000),
+			 errhint("outbox_worker.last_error says why.")));
+	return pause_ms;
+}
+
+/*
  * Its publisher has gone: the slot goes back if the database is not to be
  * published, or if the extension has gone (and was not created again
  * since); otherwise the next publisher starts after a pause.
@@ -498,7 +538,8 @@ publisher_left(KnownDatabase *db, bool should_run)
 	else if (reason == WORKER_EXIT_NO_EXTENSION && !announced)
 		release_slot(db, DB_NO_EXTENSION);
 	else
-		db->restart_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), RESTART_PAUSE_MS);
+		db->restart_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 restart_pause_ms(db, reason));
 }
 
 /* Start the next publisher in the database's slot, or wait for one again. */
@@ -792,6 +833,7 @@ outbox_probe_main(Datum main_arg)
 
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	worker_pin_session_settings();
 	pgstat_report_appname("outbox probe");
 	probe_report(database, extension_installed_here() ? PROBE_HAS_EXTENSION : PROBE_NO_EXTENSION);
 	proc_exit(0);

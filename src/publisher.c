@@ -45,6 +45,7 @@
 #include "pipeline.h"
 #include "segment.h"
 #include "settings.h"
+#include "worker_session.h"
 #include "worker_slot.h"
 
 /* The shortest sleep: a retry due now still waits this long. */
@@ -121,12 +122,14 @@ coalesce_wakes(TimestampTz turn_began)
  * role's search_path, an operator or function that another role created in
  * a schema on it (public, say) would run as superuser.  The override holds
  * for the worker's life, against ALTER DATABASE ... SET and reloads alike;
- * so do the settings its plans are made with.
+ * so do the settings its plans are made with, and those that say who it is
+ * and how its transactions run (worker_session.c).
  */
 static void
 connect_to_database(Oid database)
 {
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+	worker_pin_session_settings();
 	SetConfigOption("search_path", WORKER_SEARCH_PATH, PGC_SUSET, PGC_S_OVERRIDE);
 	for (int i = 0; i < (int) lengthof(worker_planning); i++)
 		SetConfigOption(worker_planning[i].name, worker_planning[i].value,
@@ -234,11 +237,31 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 	return false;
 }
 
+/*
+ * An error ends the worker (a background worker has no loop to go back
+ * to): before it does, put it into outbox_worker.last_error, and tell the
+ * launcher, which starts the next one after a pause that grows while
+ * errors follow one another (launcher.c).  An error that every start meets
+ * again, as a full disk under the segments, is then visible where the
+ * worker's state is, and does not start a worker once a second.
+ */
+static void
+record_fatal_error(void)
+{
+	MemoryContext error_context = MemoryContextSwitchTo(TopMemoryContext);
+	ErrorData  *edata = CopyErrorData();
+
+	MemoryContextSwitchTo(error_context);
+	worker_record_error(edata->message);
+	worker_report_exit(WORKER_EXIT_ERROR);
+	FreeErrorData(edata);
+}
+
+static void publish_until_stopped(Oid database);
+
 void
 outbox_publisher_main(Datum main_arg)
 {
-	Pipeline   *pipeline;
-	MemoryContext loop_context;
 	Oid			database;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -252,6 +275,26 @@ outbox_publisher_main(Datum main_arg)
 	my_database = database;
 	metrics_attach(my_slot, database);
 	connect_to_database(database);
+	PG_TRY();
+	{
+		publish_until_stopped(database);
+	}
+	PG_CATCH();
+	{
+		record_fatal_error();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	proc_exit(0);
+}
+
+/* The worker's life once connected: the loop, until it is asked to stop. */
+static void
+publish_until_stopped(Oid database)
+{
+	Pipeline   *pipeline;
+	MemoryContext loop_context;
+
 	/* after a restart, the launcher learns here of the database's subscriptions */
 	if (inbox_subscriptions_exist())
 		inbox_want_worker(database);
@@ -277,5 +320,4 @@ outbox_publisher_main(Datum main_arg)
 	}
 
 	pipeline_finish(pipeline);
-	proc_exit(0);
 }

@@ -33,11 +33,11 @@
  * lock that nothing it keeps went stale while it waited.
  *
  * It writes only a table as the install script makes it: partitioned into
- * the segments, with no trigger but outbox_message_check() and no
+ * the segments, with no trigger but outbox_message_check(), no rule and no
  * generated column.  For any other (an older schema, before ALTER
- * EXTENSION UPDATE; a trigger someone added) row_writer_insert() returns
- * false and writes nothing, and the caller runs an INSERT instead, which
- * fires every trigger.
+ * EXTENSION UPDATE; a trigger or a rule someone added) row_writer_insert()
+ * returns false and writes nothing, and the caller runs an INSERT instead,
+ * which fires every trigger and obeys every rule.
  *
  *-------------------------------------------------------------------------
  */
@@ -144,15 +144,33 @@ is_own_trigger(const Trigger *trigger)
 }
 
 /*
- * Does rel fire no trigger on INSERT but outbox_message_check(), and has
- * it no generated column?  (RLS cannot apply: outbox_enqueue() runs as the
- * extension's owner, a superuser.)
+ * Has rel a rule ON INSERT?  Read from the relcache's rules, not from
+ * relhasrules, which stays set once a rule was dropped.
+ */
+static bool
+has_insert_rule(Relation rel)
+{
+	if (rel->rd_rules == NULL)
+		return false;
+	for (int i = 0; i < rel->rd_rules->numLocks; i++)
+		if (rel->rd_rules->rules[i]->event == CMD_INSERT)
+			return true;
+	return false;
+}
+
+/*
+ * Does rel fire no trigger on INSERT but outbox_message_check(), has it no
+ * rule (DO ALSO or DO INSTEAD, which the rewriter applies to an INSERT and
+ * the writer would not) and no generated column?  (RLS cannot apply:
+ * outbox_enqueue() runs as the extension's owner, a superuser.)
  */
 static bool
 writes_as_insert_would(Relation rel)
 {
 	TriggerDesc *triggers = rel->trigdesc;
 
+	if (has_insert_rule(rel))
+		return false;
 	if (rel->rd_att->constr && rel->rd_att->constr->has_generated_stored)
 		return false;
 	if (triggers == NULL)

@@ -69,6 +69,17 @@ int			outbox_inbox_batch_size = DEFAULT_INBOX_BATCH_SIZE;
 int			outbox_inbox_dedup_retention = DEFAULT_INBOX_DEDUP_RETENTION_S;
 
 /*
+ * The longest delay a message may be given (deliver_after, deliver_at).  A
+ * delayed message holds back every later message of its key, whoever
+ * enqueues them, for as long as it waits, and keeps its segment from being
+ * reclaimed: a week covers reminders, cooling-off periods and end-of-week
+ * runs, and longer schedules belong in a table of the application's that
+ * enqueues when they are due.
+ */
+#define DEFAULT_MAX_DELAY_S (7 * 24 * 3600)
+int			outbox_max_delay = DEFAULT_MAX_DELAY_S;
+
+/*
  * The mask SHOW puts on every value of outbox.kafka_properties, and that
  * settings_scrub_secrets() puts on them in librdkafka's texts.
  */
@@ -322,6 +333,23 @@ define_trace_settings(void)
 							   check_tracestate, NULL, NULL);
 }
 
+/*
+ * The ceiling on delays.  Superuser-only, as outbox.max_payload_size: it
+ * protects the other applications' keys from the one that enqueues, so the
+ * one that enqueues may not raise it.
+ */
+static void
+define_delay_settings(void)
+{
+	DefineCustomIntVariable("outbox.max_delay",
+							"Longest delay (deliver_after, or deliver_at from now) a new outbox message may be given.",
+							"A delayed message holds back the later messages of its key until it is sent; 0 refuses every delay.",
+							&outbox_max_delay,
+							DEFAULT_MAX_DELAY_S, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+}
+
 /* Define the settings, by concern; outbox.* is the extension's prefix. */
 static void
 define_settings(void)
@@ -332,6 +360,7 @@ define_settings(void)
 	define_publisher_loop_settings();
 	define_inbox_settings();
 	define_trace_settings();
+	define_delay_settings();
 	MarkGUCPrefixReserved("outbox");
 }
 

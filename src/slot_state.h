@@ -32,7 +32,8 @@ typedef enum OutboxWorkerState
 typedef enum WorkerExitReason
 {
 	WORKER_EXIT_UNSAID = 0,
-	WORKER_EXIT_NO_EXTENSION	/* the extension is not (or no longer) there */
+	WORKER_EXIT_NO_EXTENSION,	/* the extension is not (or no longer) there */
+	WORKER_EXIT_ERROR			/* an error ended it (disk full, say) */
 } WorkerExitReason;
 
 #define WORKER_LAST_ERROR_LEN 256

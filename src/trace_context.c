@@ -14,8 +14,14 @@
  *    end of the statement the client sent: traceparent='...' and
  *    tracestate='...', URL-encoded, as OpenTelemetry's sqlcommenter
  *    integrations write it.  One that does not parse, or whose traceparent
- *    is not W3C's format, is ignored: a comment must never make a write
- *    fail.
+ *    or tracestate is not W3C's grammar, is ignored, with a NOTICE: a
+ *    comment must never make a write fail.
+ *
+ * A traceparent of a later version than 00 is sent as version 00 from the
+ * fields the two share, as W3C says a vendor passes on a version it does
+ * not know: so a header holds only lower-case hex and '-', 55 bytes, and a
+ * tracestate at most 512 bytes of printable ASCII, valid in every server
+ * encoding, whatever the comment, the setting or a captured row held.
  *
  * A message whose headers name a traceparent of their own keeps them as
  * they are, without either header of the trace context: a tracestate
@@ -41,6 +47,11 @@
 /* W3C: a tracestate has at most 32 list members, and 512 bytes are kept. */
 #define TRACESTATE_MAX_MEMBERS 32
 #define TRACESTATE_MAX_LENGTH 512
+/* W3C: a simple key, or a multi-tenant key's parts, and a value, at most. */
+#define TRACESTATE_MAX_KEY 256
+#define TRACESTATE_MAX_TENANT 241
+#define TRACESTATE_MAX_SYSTEM 14
+#define TRACESTATE_MAX_VALUE 256
 
 char	   *outbox_traceparent = NULL;
 char	   *outbox_tracestate = NULL;
@@ -66,14 +77,17 @@ is_lower_hex(const char *s, int n, bool *all_zero)
 }
 
 /*
- * Is s a traceparent as W3C writes it?  Version 00 is exactly its 55
- * characters; a later version may add fields after a '-'; version ff is
- * invalid, and so are an all-zero trace id or parent id.
+ * Is s a traceparent as W3C writes it?  Its first 55 characters are
+ * version "-" trace-id "-" parent-id "-" flags, in lower-case hex, version
+ * ff invalid and neither id all zeros.  Version 00 is exactly those; a
+ * later version may only add fields after a '-', which W3C says a parser
+ * must not read (traceparent_normalize() drops them).  strnlen(): a value
+ * of any length is looked at no further than that.
  */
 bool
 traceparent_is_valid(const char *s)
 {
-	size_t		len = strlen(s);
+	size_t		len = strnlen(s, TRACEPARENT_LENGTH + 1);
 	bool		zero;
 
 	if (len < TRACEPARENT_LENGTH)
@@ -92,10 +106,99 @@ traceparent_is_valid(const char *s)
 }
 
 /*
- * Is s a tracestate W3C allows: at most 32 comma-separated key=value
- * members of printable ASCII, at most 512 bytes?  (The rules for each
- * key's characters are the vendors'; this checks what a consumer needs to
- * read it as a list.)
+ * The traceparent to send for s, palloc'd, or NULL if s is not valid: as
+ * W3C says a vendor passes on a version it does not know, rewritten to the
+ * highest it knows, 00, from the fields that version shares with it.  So
+ * what a later version adds after them, of any length and any bytes, is
+ * never stored.
+ */
+char *
+traceparent_normalize(const char *s)
+{
+	char	   *normal;
+
+	if (s == NULL || !traceparent_is_valid(s))
+		return NULL;
+	normal = pnstrdup(s, TRACEPARENT_LENGTH);
+	normal[0] = normal[1] = '0';
+	return normal;
+}
+
+/* W3C's lcalpha, and the other characters of a tracestate key. */
+static bool
+is_key_char(char c, bool first)
+{
+	if (c >= 'a' && c <= 'z')
+		return true;
+	if (first)
+		return false;
+	return (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '*' || c == '/';
+}
+
+/*
+ * Is key[0..len) a tracestate key: a simple key, lcalpha then up to 255
+ * key characters; or a multi-tenant key, tenant "@" system, the tenant
+ * starting with lcalpha or a digit (up to 241), the system with lcalpha (up
+ * to 14)?
+ */
+static bool
+tracestate_key_is_valid(const char *key, size_t len)
+{
+	const char *at = memchr(key, '@', len);
+	size_t		part = at ? (size_t) (at - key) : len;
+
+	if (part == 0 || part > (at ? TRACESTATE_MAX_TENANT : TRACESTATE_MAX_KEY))
+		return false;
+	if (!is_key_char(key[0], true) && !(at && key[0] >= '0' && key[0] <= '9'))
+		return false;
+	for (size_t i = 1; i < part; i++)
+		if (!is_key_char(key[i], false))
+			return false;
+	if (at == NULL)
+		return true;
+	key = at + 1;
+	len -= part + 1;
+	if (len == 0 || len > TRACESTATE_MAX_SYSTEM || !is_key_char(key[0], true))
+		return false;
+	for (size_t i = 1; i < len; i++)
+		if (!is_key_char(key[i], false))
+			return false;
+	return true;
+}
+
+/*
+ * Is value[0..len) a tracestate value: up to 256 characters of 0x20 to
+ * 0x7e but ',' and '=', not ending in a space?
+ */
+static bool
+tracestate_value_is_valid(const char *value, size_t len)
+{
+	if (len == 0 || len > TRACESTATE_MAX_VALUE || value[len - 1] == ' ')
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (value[i] < 0x20 || value[i] > 0x7e || value[i] == ',' || value[i] == '=')
+			return false;
+	return true;
+}
+
+/* Is member[0..len), blanks trimmed, key=value with a valid key and value? */
+static bool
+tracestate_member_is_valid(const char *member, size_t len)
+{
+	const char *eq = memchr(member, '=', len);
+
+	if (eq == NULL)
+		return false;
+	return tracestate_key_is_valid(member, eq - member) &&
+		tracestate_value_is_valid(eq + 1, len - (eq - member) - 1);
+}
+
+/*
+ * Is s a tracestate by W3C's grammar: list members separated by commas,
+ * each key=value with optional blanks (space, tab) around it, empty ones
+ * allowed, at most 32 members, at most 512 bytes?  (W3C lets a longer one
+ * be cut at member boundaries; it is dropped whole here, its traceparent
+ * kept.)
  */
 bool
 tracestate_is_valid(const char *s)
@@ -103,32 +206,26 @@ tracestate_is_valid(const char *s)
 	int			members = 0;
 	const char *p = s;
 
-	if (strlen(s) > TRACESTATE_MAX_LENGTH)
+	if (strnlen(s, TRACESTATE_MAX_LENGTH + 1) > TRACESTATE_MAX_LENGTH)
 		return false;
-	while (*p)
+	for (;;)
 	{
 		const char *end = strchr(p, ',');
-		const char *eq;
 		size_t		n = end ? (size_t) (end - p) : strlen(p);
 
 		while (n > 0 && (*p == ' ' || *p == '\t'))
 			p++, n--;
+		while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+			n--;
 		if (n > 0)
 		{
-			eq = memchr(p, '=', n);
-			if (eq == NULL || eq == p || eq == p + n - 1)
-				return false;
-			for (size_t i = 0; i < n; i++)
-				if (p[i] < 0x20 || p[i] > 0x7e)
-					return false;
-			if (++members > TRACESTATE_MAX_MEMBERS)
+			if (!tracestate_member_is_valid(p, n) || ++members > TRACESTATE_MAX_MEMBERS)
 				return false;
 		}
 		if (end == NULL)
-			break;
+			return true;
 		p = end + 1;
 	}
-	return true;
 }
 
 static int
@@ -173,6 +270,25 @@ comment_value(const char *p, const char **end)
 }
 
 /*
+ * A comment's trace context that is not W3C's is dropped, the statement
+ * going on without it (a comment must never make a write fail): a NOTICE
+ * says so, to the client whose tracing wrote it, and not to the server's
+ * log, which a client could otherwise fill, once per statement.  The value
+ * itself is not shown: it may be of any length and any bytes.
+ */
+static void
+note_dropped(const char *field, const char *format)
+{
+	ereport(NOTICE,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("outbox: the %s of the statement's sqlcommenter comment is not W3C's trace context, and is ignored",
+					field),
+			 errdetail("A %s is %s.", field, format),
+			 errhint("The messages this statement enqueues carry no trace context from the comment; "
+					 "fix the tracing library's propagator, or set outbox.traceparent.")));
+}
+
+/*
  * Read traceparent and tracestate from the sqlcommenter comment that ends
  * query, if it has one: "/ *key='value',key='value'* /", the last comment,
  * followed by nothing but blanks and semicolons.
@@ -210,9 +326,17 @@ read_comment(const char *query, char **traceparent, char **tracestate)
 		if (value == NULL || p > close)
 			return;
 		if (key_len == strlen("traceparent") && strncmp(eq - key_len, "traceparent", key_len) == 0)
-			*traceparent = traceparent_is_valid(value) ? value : NULL;
+		{
+			*traceparent = traceparent_normalize(value);
+			if (*traceparent == NULL)
+				note_dropped("traceparent", "version-traceid-parentid-flags in lower-case hex");
+		}
 		else if (key_len == strlen("tracestate") && strncmp(eq - key_len, "tracestate", key_len) == 0)
+		{
 			*tracestate = tracestate_is_valid(value) ? value : NULL;
+			if (*tracestate == NULL)
+				note_dropped("tracestate", "at most 32 key=value list members, at most 512 bytes");
+		}
 	}
 }
 
@@ -232,7 +356,6 @@ statement_comment_context(const char **traceparent, const char **tracestate)
 	}
 	if (debug_query_string != comment_query || statement_start != comment_statement_start)
 	{
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
 		char	   *parent;
 		char	   *state;
 
@@ -240,14 +363,15 @@ statement_comment_context(const char **traceparent, const char **tracestate)
 			pfree(comment_traceparent);
 		if (comment_tracestate)
 			pfree(comment_tracestate);
+		comment_traceparent = comment_tracestate = NULL;
+		/* read in the statement's memory: a comment may be of any size */
 		read_comment(debug_query_string, &parent, &state);
-		comment_traceparent = parent;
-		comment_tracestate = parent ? state : NULL;
-		if (state && !parent)
-			pfree(state);
+		if (parent)
+			comment_traceparent = MemoryContextStrdup(TopMemoryContext, parent);
+		if (parent && state)
+			comment_tracestate = MemoryContextStrdup(TopMemoryContext, state);
 		comment_query = debug_query_string;
 		comment_statement_start = statement_start;
-		MemoryContextSwitchTo(old);
 	}
 	*traceparent = comment_traceparent;
 	*tracestate = comment_tracestate;
@@ -308,7 +432,7 @@ trace_context_add_headers(Jsonb *headers)
 		return headers;
 	if (outbox_traceparent && outbox_traceparent[0] != '\0')
 	{
-		traceparent = outbox_traceparent;
+		traceparent = traceparent_normalize(outbox_traceparent);
 		tracestate = outbox_tracestate && outbox_tracestate[0] != '\0' ? outbox_tracestate : NULL;
 	}
 	else

@@ -22,6 +22,7 @@ extern char *outbox_tracestate;
 
 extern bool traceparent_is_valid(const char *s);
 extern bool tracestate_is_valid(const char *s);
+extern char *traceparent_normalize(const char *s);
 extern Jsonb *trace_context_add_headers(Jsonb *headers);
 extern void headers_push(JsonbParseState **state, const char *name, const char *value);
 extern bool check_traceparent(char **newval, void **extra, GucSource source);

@@ -16,6 +16,13 @@
 # letter.  Then Kafka is let in, and every message is delivered once, in id
 # order per key.
 #
+# Messages of every other kind go along too, column by column, on topics
+# of their own: delayed, keyed, with headers of any Unicode, a bytea
+# payload of every byte value, a trace context from a sqlcommenter comment
+# whose traceparent is of a later version followed by CR, LF and 0xFF, a
+# row captured by outbox_capture() with a span context of the same, and
+# the dead letters; each path restores them all.
+#
 # The inbox's state goes along: before the dumps the source's inbox has a
 # subscription whose handler (failing for one key, max_attempts 2) applied
 # some messages, dead-lettered one and holds one for a retry (an hour
@@ -117,6 +124,42 @@ $source->safe_psql('shop', "ALTER SYSTEM SET outbox.brokers = '$unreachable'; SE
 ok(wait_for_query($source, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30, 'shop'),
 	'source: the worker waits for brokers');
 
+# Messages of every kind, on topics of their own, as the worker waits.
+my $kinds_topic = unique_topic('restore.kinds');
+my $captured_topic = unique_topic('restore.captured');
+kafka_admin('create-topic', $_) for ($kinds_topic, "outbox.event.$captured_topic");
+my $traceparent = '0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+$source->safe_psql('shop', qq{
+	SELECT outbox_enqueue('$kinds_topic', 'delayed'::text, 'k-delayed', deliver_after => '1 day');
+	SELECT outbox_enqueue('$kinds_topic', '{"kind": "headers"}'::jsonb, 'k-headers',
+	                      '{"source": "web", "note": "ünïcödé ✓", "empty": null}');
+	SELECT outbox_enqueue('$kinds_topic', (SELECT string_agg(set_byte('\\x00'::bytea, 0, b), ''::bytea ORDER BY b)
+	                                         FROM generate_series(0, 255) b), 'k-bytes');
+	INSERT INTO outbox_message (topic, key, payload, headers) VALUES ('$kinds_topic', 'k-insert', '\\x00ff', '{"via": "insert"}');
+	CREATE TABLE orderevent (
+	    id uuid NOT NULL, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+	    type varchar(255) NOT NULL, payload jsonb, tracingspancontext varchar(256));
+	SELECT outbox_capture('orderevent');
+});
+$source->safe_psql('shop', "SELECT outbox_enqueue('$kinds_topic', 'traced'::text, 'k-traced') "
+	  . "/*traceparent='01-$traceparent-%0D%0A%FF',tracestate='rojo=1'*/");
+# The captured row is deleted after its insert, as the Quarkus outbox
+# extension does (remove-after-insert).
+$source->safe_psql('shop', qq{
+	BEGIN;
+	INSERT INTO orderevent VALUES ('00000000-0000-4000-8000-000000000001', '$captured_topic', '1', 'Made', '{"n": 1}',
+	    \$\$traceparent=01-$traceparent-\\r\\n\\u00ff\ntracestate=rojo\\=1\n\$\$);
+	DELETE FROM orderevent;
+	COMMIT;
+});
+my $kinds_query = "SELECT id, message_id, topic, key, state, attempts, md5(payload), headers::text, created_at, next_attempt_at
+	FROM outbox_message WHERE topic IN ('$kinds_topic', 'outbox.event.$captured_topic') ORDER BY id";
+my $source_kinds = $source->safe_psql('shop', $kinds_query);
+is($source->safe_psql('shop', "SELECT string_agg(key || ':' || coalesce(headers->>'traceparent', '-'), ',' ORDER BY id)
+	FROM outbox_message WHERE topic IN ('$kinds_topic', 'outbox.event.$captured_topic')"),
+	"k-delayed:-,k-headers:-,k-bytes:-,k-insert:-,k-traced:00-$traceparent,1:00-$traceparent",
+	'source: messages of every kind, each trace context sent as version 00');
+
 # The dumps, while enqueues run.
 my $dir = PostgreSQL::Test::Utils::tempdir();
 my $load = start_load($source, db => 'shop', topics => [$load_topic], clients => 4, rate => 100,
@@ -187,6 +230,8 @@ for my $path (sort keys %restore)
 	is($node->safe_psql('shop', 'SELECT topic, key, state, attempts > 0 FROM outbox_message WHERE key = \'k-stale\''),
 		"$stale|k-stale|retrying|t", "$path: the retrying message is restored retrying");
 	is($node->safe_psql('shop', $dead_letters_query), $source_dead_letters, "$path: the dead letters are kept");
+	is($node->safe_psql('shop', $kinds_query), $source_kinds,
+		"$path: the messages of every kind are restored, column by column");
 	is($node->safe_psql('shop', $inbox_query{$_}), $source_inbox{$_}, "$path: $_ holds the source's rows")
 	  for sort keys %inbox_query;
 	is($node->safe_psql('shop', q{
