@@ -17,6 +17,7 @@ OBJS = \
 	src/capture_settings.o \
 	src/enqueue.o \
 	src/inbox_apply.o \
+	src/inbox_rights.o \
 	src/inbox_slot.o \
 	src/inbox_store.o \
 	src/inbox_consumer.o \

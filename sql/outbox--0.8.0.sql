@@ -431,9 +431,15 @@ RETURNS text
 LANGUAGE sql STABLE STRICT PARALLEL SAFE
 RETURN pg_catalog.convert_from((m).payload, 'UTF8');
 
--- The subscriptions.  handler is kept as its signature, schema-qualified,
--- and resolved by the worker at each batch, so that it survives a dump and
--- restore (which gives functions new oids).
+-- The subscriptions.  A subscription is bound to one function, handler_oid,
+-- when it is made: the worker calls that function only, and only while its
+-- signature is still handler's (the signature, schema-qualified, as it was
+-- when subscribing), so that a function dropped and made again under the
+-- same name, by whoever may create in its schema, is never called; the
+-- subscription waits instead, saying why.  subscribed_by is the role that
+-- called inbox_subscribe(): it must stay a member of run_as.  A dump
+-- restores handler_oid as it was; inbox_subscription_bind() binds a
+-- restored row again to the function its signature names then.
 CREATE TABLE inbox_subscription (
     name          text PRIMARY KEY
                   CHECK (name OPERATOR(pg_catalog.<>) ''),
@@ -445,11 +451,39 @@ CREATE TABLE inbox_subscription (
     start_from    text NOT NULL
                   CHECK (start_from OPERATOR(pg_catalog.=) ANY ('{earliest,now}'::text[])),
     search_path   text NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT pg_catalog.now()
+    created_at    timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    handler_oid   oid NOT NULL,
+    subscribed_by regrole NOT NULL
 );
 
 COMMENT ON TABLE inbox_subscription IS
     'Inbox subscriptions: see inbox_subscribe() and inbox_unsubscribe()';
+
+-- (An upgrade from 0.7.0 makes the two columns above: see its script.)
+-- A row inserted whose handler_oid is not the function its handler names
+-- (one a restore writes: functions have new oids there) is bound to the
+-- function handler names, as a regprocedure column would be restored; 0 if
+-- none, which the worker reports.  inbox_subscribe() inserts a row that is
+-- bound already; nothing else inserts.
+CREATE FUNCTION inbox_subscription_bind()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.to_regprocedure(NEW.handler)::pg_catalog.oid
+       IS DISTINCT FROM NEW.handler_oid THEN
+        NEW.handler_oid := coalesce(pg_catalog.to_regprocedure(NEW.handler)::pg_catalog.oid,
+                                    0::pg_catalog.oid);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION inbox_subscription_bind() FROM PUBLIC;
+
+CREATE TRIGGER inbox_subscription_bind BEFORE INSERT ON inbox_subscription
+    FOR EACH ROW EXECUTE FUNCTION inbox_subscription_bind();
 
 -- Where each partition is read from next: the offset after the last message
 -- received, committed with the effects of the messages before it.

@@ -68,8 +68,11 @@ typedef struct InboxSubscription
 	char	   *name;
 	int			topic_count;
 	char	  **topics;
-	char	   *handler;		/* its signature, schema-qualified */
+	char	   *handler;		/* its signature, schema-qualified, as it
+								 * was when subscribing */
+	Oid			handler_oid;	/* the function it is bound to */
 	Oid			run_as;
+	Oid			subscribed_by;	/* who subscribed: a member of run_as */
 	int			max_attempts;	/* 0: outbox.max_attempts */
 	bool		from_earliest;	/* else from created_at */
 	TimestampTz created_at;
@@ -92,5 +95,17 @@ typedef struct InboxOutcome
 extern bool inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch,
 							  bool keys_may_be_held, InboxOutcome *outcome);
 extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome);
+
+/* inbox_rights.c: what a subscription needs to run */
+typedef enum HandlerFault
+{
+	HANDLER_FITS,
+	HANDLER_MISSING,			/* no function has its oid */
+	HANDLER_NOT_A_HANDLER,		/* not a plain function of one inbox_message */
+	HANDLER_NOT_PERMITTED		/* run_as lacks USAGE on its schema or EXECUTE */
+} HandlerFault;
+
+extern HandlerFault handler_fault(Oid handler, Oid run_as, char **why);
+extern bool subscription_may_run(const InboxSubscription *s, char **why);
 
 #endif							/* OUTBOX_INBOX_H */

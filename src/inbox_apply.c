@@ -88,29 +88,18 @@ typedef struct Handler
 
 /*
  * Get the subscription's handler ready to be called, or say why it cannot
- * be: it was dropped, or its role was, became a superuser or lost EXECUTE
- * on it (the direct call below checks no privilege).
+ * be (subscription_may_run(): the function it was bound to was dropped, or
+ * a right it needs was revoked).  The direct call below checks no
+ * privilege: that check is every check there is.
  */
 static bool
 handler_open(Handler *h, const InboxSubscription *s, char **why)
 {
-	Oid			function = DatumGetObjectId(DirectFunctionCall1(to_regprocedure,
-																 CStringGetTextDatum(s->handler)));
+	Oid			function = s->handler_oid;
 	Oid		   *argtypes;
 	int			nargs;
 
-	*why = NULL;
-	if (!OidIsValid(function))
-		*why = psprintf("its handler %s does not exist", s->handler);
-	else if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(s->run_as)))
-		*why = psprintf("its role (oid %u) does not exist", s->run_as);
-	else if (superuser_arg(s->run_as))
-		*why = psprintf("its role \"%s\" is a superuser, which a handler never runs as",
-						GetUserNameFromId(s->run_as, false));
-	else if (pg_proc_aclcheck(function, s->run_as, ACL_EXECUTE) != ACLCHECK_OK)
-		*why = psprintf("its role \"%s\" may not execute its handler %s",
-						GetUserNameFromId(s->run_as, false), s->handler);
-	if (*why)
+	if (!subscription_may_run(s, why))
 		return false;
 	(void) get_func_signature(function, &argtypes, &nargs);
 	h->subscription = s;

@@ -36,7 +36,9 @@
 #include "utils/syscache.h"
 
 #include "enqueue.h"
+#include "inbox.h"
 #include "inbox_slot.h"
+#include "settings.h"
 #include "statements.h"
 #include "topic_grant.h"
 
@@ -136,14 +138,6 @@ check_may_act_for(Oid role, const char *action)
 				 errhint("Only the role a subscription runs as, its members and superusers may.")));
 }
 
-/* The oid of the type inbox_message, in the extension's schema. */
-static Oid
-inbox_message_type(void)
-{
-	return GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
-						   CStringGetDatum("inbox_message"), ObjectIdGetDatum(extension_schema));
-}
-
 static void
 check_subscription_name(text *name)
 {
@@ -190,36 +184,38 @@ check_topics(ArrayType *topics)
 
 /*
  * A handler is a plain function of one inbox_message, which the role it
- * runs as may execute.  What it returns is ignored; a set is refused, as no
- * one would read it.
+ * runs as could call by name: it has USAGE on its schema and may execute
+ * it (handler_fault()).  A handler given by its oid is held to the
+ * same rights as one given by name, whose look-up needs the schema's USAGE
+ * of the caller.
  */
 static void
 check_handler(Oid handler, Oid run_as)
 {
-	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
-	Form_pg_proc proc;
-	bool		fits;
+	char	   *why;
 
-	if (!HeapTupleIsValid(tuple))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_FUNCTION),
-				 errmsg("inbox handler function %u does not exist", handler)));
-	proc = (Form_pg_proc) GETSTRUCT(tuple);
-	fits = proc->prokind == PROKIND_FUNCTION && !proc->proretset &&
-		proc->pronargs == 1 && proc->proargtypes.values[0] == inbox_message_type();
-	ReleaseSysCache(tuple);
-	if (!fits)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
-				 errmsg("inbox handler %s does not take one inbox_message", format_procedure(handler)),
-				 errhint("A handler is a function of one argument, not a procedure nor a set-returning function: CREATE FUNCTION apply_order(m inbox_message) RETURNS void ...")));
-	if (pg_proc_aclcheck(handler, run_as, ACL_EXECUTE) != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("role \"%s\" may not execute inbox handler %s",
-						GetUserNameFromId(run_as, false), format_procedure(handler)),
-				 errhint("GRANT EXECUTE ON FUNCTION %s TO %s.", format_procedure(handler),
-						 quote_identifier(GetUserNameFromId(run_as, false)))));
+	switch (handler_fault(handler, run_as, &why))
+	{
+		case HANDLER_FITS:
+			return;
+		case HANDLER_MISSING:
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_FUNCTION),
+					 errmsg("%s", why)));
+			break;
+		case HANDLER_NOT_A_HANDLER:
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+					 errmsg("%s", why),
+					 errhint("A handler is a function of one argument, not a procedure nor a set-returning function: CREATE FUNCTION apply_order(m inbox_message) RETURNS void ...")));
+			break;
+		case HANDLER_NOT_PERMITTED:
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("%s", why),
+					 errhint("The role a handler runs as needs USAGE on the handler's schema and EXECUTE on the handler, as it would to call the handler itself.")));
+			break;
+	}
 }
 
 /*
@@ -248,12 +244,50 @@ check_start_from(const char *start_from)
 				 errhint("'earliest' reads each partition from its first message, 'now' from the first message stamped after the subscription was made.")));
 }
 
+/*
+ * Has inbox_subscription the columns that bind a subscription to its
+ * handler's oid and record who subscribed (0.8.0 on)?  Until ALTER
+ * EXTENSION UPDATE an older schema is served as it is.
+ */
+static bool
+schema_binds_handlers(void)
+{
+	Oid			table = get_relname_relid("inbox_subscription", extension_schema);
+
+	return OidIsValid(table) && get_attnum(table, "handler_oid") != InvalidAttrNumber;
+}
+
+/*
+ * Refuse a subscription more than outbox.max_subscriptions: each one is a
+ * consumer, a Kafka process of its own with its connections.  The table is
+ * locked against another subscribe until commit, so that two at once do
+ * not both find room for one.
+ */
+static void
+check_room_for_a_subscription(void)
+{
+	bool		isnull;
+	int64		subscriptions;
+
+	run_as_owner("LOCK TABLE %s.inbox_subscription IN SHARE ROW EXCLUSIVE MODE", 0, NULL, NULL, NULL);
+	run_as_owner("SELECT pg_catalog.count(*) FROM %s.inbox_subscription", 0, NULL, NULL, NULL);
+	subscriptions = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+												&isnull));
+	if (subscriptions >= outbox_max_subscriptions)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("this database has " INT64_FORMAT " inbox subscriptions, as many as outbox.max_subscriptions allows",
+						subscriptions),
+				 errhint("Unsubscribe one that is no longer needed, or have a superuser raise outbox.max_subscriptions (each subscription runs a Kafka consumer process of its own).")));
+}
+
 Datum
 inbox_subscribe(PG_FUNCTION_ARGS)
 {
-	Oid			types[7] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, INT4OID, TEXTOID, TEXTOID};
-	Datum		values[7];
-	char		nulls[7] = "       ";
+	Oid			types[9] = {TEXTOID, TEXTARRAYOID, TEXTOID, OIDOID, INT4OID, TEXTOID, TEXTOID,
+	OIDOID, OIDOID};
+	Datum		values[9];
+	char		nulls[9] = "         ";
 	text	   *name;
 	Oid			handler;
 	Oid			run_as;
@@ -289,6 +323,8 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	nulls[4] = PG_ARGISNULL(ARG_MAX_ATTEMPTS) ? 'n' : ' ';
 	values[5] = CStringGetTextDatum(start_from);
 	values[6] = CStringGetTextDatum(GetConfigOption("search_path", false, false));
+	values[7] = ObjectIdGetDatum(handler);
+	values[8] = ObjectIdGetDatum(GetUserId());
 
 	SPI_connect();
 	if (run_as_owner("SELECT FROM %s.inbox_subscription WHERE name OPERATOR(pg_catalog.=) $1",
@@ -296,10 +332,19 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("inbox subscription \"%s\" already exists", text_to_cstring(name))));
-	run_as_owner("INSERT INTO %s.inbox_subscription"
-				 " (name, topics, handler, run_as, max_attempts, start_from, search_path)"
-				 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7)",
-				 7, types, values, nulls);
+	check_room_for_a_subscription();
+	if (schema_binds_handlers())
+		run_as_owner("INSERT INTO %s.inbox_subscription"
+					 " (name, topics, handler, run_as, max_attempts, start_from, search_path,"
+					 "  handler_oid, subscribed_by)"
+					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7,"
+					 "         $8, $9::pg_catalog.regrole)",
+					 9, types, values, nulls);
+	else
+		run_as_owner("INSERT INTO %s.inbox_subscription"
+					 " (name, topics, handler, run_as, max_attempts, start_from, search_path)"
+					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7)",
+					 7, types, values, nulls);
 	SPI_finish();
 	tell_inbox_at_commit_of_this_transaction();
 	PG_RETURN_VOID();

@@ -22,6 +22,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "mb/pg_wchar.h"
 #include "port/pg_bswap.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -38,6 +39,15 @@
 /* The most rows a pass of retries, or of forgetting old ids, takes. */
 #define RETRIES_PER_PASS 1000
 #define IDS_FORGOTTEN_PER_PASS 10000
+
+/*
+ * The most of a handler's error message, or of its context, that
+ * inbox_retry and inbox_dead_letter keep, in bytes, the mark of a cut
+ * included: a handler that raises a message of megabytes would otherwise
+ * have each message it fails on keep a copy.
+ */
+#define STORED_ERROR_MAX_BYTES 4096
+#define STORED_ERROR_CUT_MARK "... (truncated)"
 
 typedef enum InboxStatement
 {
@@ -98,12 +108,23 @@ typedef enum InboxStatement
  * planned for its values.
  */
 static const StatementDef statement_defs[STMT_COUNT] = {
+	/*
+	 * handler_oid and subscribed_by are read from the row as jsonb, so that
+	 * the statement also reads a schema of before 0.8.0, which has neither:
+	 * until ALTER EXTENSION UPDATE binds them, its handlers are found by
+	 * their signature and its subscriptions' roles stand for who subscribed.
+	 */
 	[STMT_SUBSCRIPTIONS] = {
 		"read the subscriptions",
 		"SELECT name, topics, handler, run_as::pg_catalog.oid,"
 		"       coalesce(max_attempts, 0), start_from OPERATOR(pg_catalog.=) 'earliest',"
-		"       created_at, search_path"
-		"  FROM %1$s.inbox_subscription ORDER BY name",
+		"       created_at, search_path,"
+		"       coalesce((pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_oid')::pg_catalog.oid,"
+		"                pg_catalog.to_regprocedure(handler)::pg_catalog.oid, 0::pg_catalog.oid),"
+		"       coalesce((pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'subscribed_by')"
+		"                    ::pg_catalog.regrole::pg_catalog.oid,"
+		"                run_as::pg_catalog.oid)"
+		"  FROM %1$s.inbox_subscription s ORDER BY name",
 		0, {InvalidOid}, PLAN_ONCE
 	},
 	[STMT_POSITIONS] = {
@@ -244,6 +265,22 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 };
 
 static StatementSet statements = {statement_defs, STMT_COUNT};
+
+/*
+ * An error's text as it is stored: at most STORED_ERROR_MAX_BYTES, cut at a
+ * character's end and marked as cut if it was longer.
+ */
+static Datum
+stored_error_text(const char *error)
+{
+	int			len = strlen(error);
+	int			kept;
+
+	if (len <= STORED_ERROR_MAX_BYTES)
+		return CStringGetTextDatum(error);
+	kept = pg_mbcliplen(error, len, STORED_ERROR_MAX_BYTES - strlen(STORED_ERROR_CUT_MARK));
+	return CStringGetTextDatum(psprintf("%.*s%s", kept, error, STORED_ERROR_CUT_MARK));
+}
 
 /* Run a statement of the set; see statement_run(). */
 static int
@@ -424,6 +461,8 @@ inbox_read_subscriptions(void)
 		s->from_earliest = DatumGetBool(column_datum(t, d, 6, &isnull));
 		s->created_at = DatumGetTimestampTz(column_datum(t, d, 7, &isnull));
 		s->search_path = column_text(t, d, 8);
+		s->handler_oid = DatumGetObjectId(column_datum(t, d, 9, &isnull));
+		s->subscribed_by = DatumGetObjectId(column_datum(t, d, 10, &isnull));
 		subscriptions = lappend(subscriptions, s);
 		MemoryContextSwitchTo(spi);
 	}
@@ -650,8 +689,8 @@ inbox_add_retry(const InboxSubscription *s, const MessageRow *row,
 	args[10] = Int64GetDatum(failure ? retry_backoff_ms(0) : 0);
 	nulls[10] = failure ? ' ' : 'n';
 	args[11] = failure ? CStringGetTextDatum(failure->sqlstate) : (Datum) 0;
-	args[12] = failure ? CStringGetTextDatum(failure->message) : (Datum) 0;
-	args[13] = failure && failure->context ? CStringGetTextDatum(failure->context) : (Datum) 0;
+	args[12] = failure ? stored_error_text(failure->message) : (Datum) 0;
+	args[13] = failure && failure->context ? stored_error_text(failure->context) : (Datum) 0;
 	nulls[11] = nulls[12] = failure ? ' ' : 'n';
 	nulls[13] = failure && failure->context ? ' ' : 'n';
 	run(STMT_ADD_RETRY, args, nulls, SPI_OK_INSERT_RETURNING);
@@ -663,8 +702,8 @@ void
 inbox_dead_letter(int64 retry_id, int attempts, const HandlerError *e)
 {
 	Datum		args[5] = {Int64GetDatum(retry_id), Int32GetDatum(attempts),
-		CStringGetTextDatum(e->sqlstate), CStringGetTextDatum(e->message),
-	e->context ? CStringGetTextDatum(e->context) : (Datum) 0};
+		CStringGetTextDatum(e->sqlstate), stored_error_text(e->message),
+	e->context ? stored_error_text(e->context) : (Datum) 0};
 	char		nulls[5] = {' ', ' ', ' ', ' ', e->context ? ' ' : 'n'};
 
 	run(STMT_DEAD_LETTER, args, nulls, SPI_OK_INSERT);
@@ -745,8 +784,8 @@ inbox_schedule_next_attempt(const RetryRow *r, const HandlerError *e)
 {
 	Datum		args[6] = {Int64GetDatum(r->id), Int32GetDatum(r->attempts + 1),
 		Int64GetDatum(retry_backoff_ms(r->attempts)),
-		CStringGetTextDatum(e->sqlstate), CStringGetTextDatum(e->message),
-	e->context ? CStringGetTextDatum(e->context) : (Datum) 0};
+		CStringGetTextDatum(e->sqlstate), stored_error_text(e->message),
+	e->context ? stored_error_text(e->context) : (Datum) 0};
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', e->context ? ' ' : 'n'};
 
 	run(STMT_FAIL_RETRY, args, nulls, SPI_OK_UPDATE);

@@ -112,7 +112,8 @@ same_subscription(const InboxSubscription *a, const InboxSubscription *b)
 {
 	return strcmp(a->name, b->name) == 0 &&
 		same_strings(a->topics, a->topic_count, b->topics, b->topic_count) &&
-		strcmp(a->handler, b->handler) == 0 && a->run_as == b->run_as &&
+		strcmp(a->handler, b->handler) == 0 && a->handler_oid == b->handler_oid &&
+		a->run_as == b->run_as && a->subscribed_by == b->subscribed_by &&
 		a->max_attempts == b->max_attempts && a->from_earliest == b->from_earliest &&
 		a->created_at == b->created_at && strcmp(a->search_path, b->search_path) == 0;
 }
@@ -391,10 +392,17 @@ apply_due_retries(void)
 			continue;
 		inbox_report_state(INBOX_APPLYING);
 		if (inbox_apply_due_retries(sub->subscription, &outcome))
+		{
 			count_outcome(&outcome, sub);
+			sub->next_retry_at = 0;
+		}
 		else
+		{
+			/* not at once again: the cause (a right revoked) may last */
 			sub->apply_error_mark = worker_error_mark();
-		sub->next_retry_at = 0;
+			sub->next_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															 CONSUMER_RESTART_PAUSE_MS);
+		}
 	}
 }
 

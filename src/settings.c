@@ -46,6 +46,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define DEFAULT_MAX_WORKERS 4
 #define DEFAULT_INBOX_BATCH_SIZE 5000
 #define DEFAULT_INBOX_DEDUP_RETENTION_S (7 * 24 * 3600)	/* Kafka's retention.ms */
+#define DEFAULT_MAX_SUBSCRIPTIONS 100
 
 /* Their bounds, where they have others than their type's. */
 #define MAX_BATCH_SIZE 100000
@@ -54,6 +55,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define MIN_POLL_INTERVAL_MS 10
 #define MAX_MAX_WAKE_DELAY_MS 1000
 #define MAX_MAX_WORKERS 1024
+#define MAX_MAX_SUBSCRIPTIONS 10000
 
 int			outbox_batch_size = DEFAULT_BATCH_SIZE;
 int			outbox_max_batch_kb = DEFAULT_MAX_BATCH_KB;
@@ -67,6 +69,7 @@ int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
 int			outbox_max_workers = DEFAULT_MAX_WORKERS;
 int			outbox_inbox_batch_size = DEFAULT_INBOX_BATCH_SIZE;
 int			outbox_inbox_dedup_retention = DEFAULT_INBOX_DEDUP_RETENTION_S;
+int			outbox_max_subscriptions = DEFAULT_MAX_SUBSCRIPTIONS;
 
 /*
  * The longest delay a message may be given (deliver_after, deliver_at).  A
@@ -302,6 +305,19 @@ define_inbox_settings(void)
 							&outbox_inbox_dedup_retention,
 							DEFAULT_INBOX_DEDUP_RETENTION_S, 1, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	/*
+	 * Each subscription is a consumer, a Kafka process of the inbox worker
+	 * with its connections and file descriptors: a ceiling per database,
+	 * which a superuser may set per database (ALTER DATABASE ... SET).
+	 */
+	DefineCustomIntVariable("outbox.max_subscriptions",
+							"Most inbox subscriptions a database may have.",
+							"inbox_subscribe() refuses one more (SQLSTATE 53400); those made already stay.",
+							&outbox_max_subscriptions,
+							DEFAULT_MAX_SUBSCRIPTIONS, 0, MAX_MAX_SUBSCRIPTIONS,
+							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 }
 

@@ -29,6 +29,7 @@ extern int	outbox_max_workers;
 extern int	outbox_inbox_batch_size;
 extern int	outbox_inbox_dedup_retention;
 extern int	outbox_max_delay;
+extern int	outbox_max_subscriptions;
 
 /* One name=value item of outbox.kafka_properties. */
 typedef struct KafkaProperty

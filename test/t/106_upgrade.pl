@@ -3,7 +3,9 @@
 # every state: pending, retrying, sent (kept under outbox.sent_retention),
 # dead-lettered and (from 0.6.0) delayed; and from 0.5.0, which has the
 # inbox, inbox rows: offsets, a message waiting to retry and a dead letter,
-# all applied after the update, in order.  The library is the new one from the start, as after an
+# all applied after the update, in order; the update binds each
+# subscription to its handler's function, and one whose handler was dropped
+# is kept, bound to none, and waits, saying why.  The library is the new one from the start, as after an
 # upgrade's restart, so this also shows it serving the earlier schemas.
 #
 # After the update: the schema is the one a fresh install makes, every
@@ -99,6 +101,16 @@ if ($has_inbox)
 			(SELECT count(*) FROM inbox_dead_letter WHERE subscription = 'kept_dead'),
 			(SELECT sum(next_offset) FROM inbox_offset)}, '7|2|1|10', 60),
 		"$from: inbox rows: offsets, two messages waiting to retry, a dead letter");
+	# A subscription whose handler was dropped before the update.
+	kafka_admin('create-topic', "$kept.orphan");
+	$node->safe_psql('postgres', qq{
+		CREATE FUNCTION orphan_apply(m inbox_message) RETURNS void LANGUAGE sql
+		AS \$\$ INSERT INTO kept_applied (sub, key, payload) VALUES ('orphan', m.key, 'orphan') \$\$;
+		GRANT EXECUTE ON FUNCTION orphan_apply(inbox_message) TO kept_svc;
+		SELECT inbox_subscribe('kept_orphan', ARRAY['$kept.orphan'], 'orphan_apply(inbox_message)',
+		                       run_as => 'kept_svc');
+		DROP FUNCTION orphan_apply(inbox_message);
+	});
 }
 
 my $fine = unique_topic("upgrade.$name.fine");
@@ -315,8 +327,24 @@ for my $call ("SET ROLE app; SELECT outbox_requeue($dead_id)", 'SELECT outbox_di
 
 # The inbox rows of before the update: each subscription applies them, in
 # order, once the handler takes them and the dead letters are requeued.
+# Each subscription is bound to the function its handler named, and records
+# its run_as role as who subscribed; the one whose handler was dropped is
+# kept, bound to none, and waits, saying why.
 if ($has_inbox)
 {
+	is($node->safe_psql('postgres', q{
+		SELECT string_agg(name || ' ' || CASE WHEN handler_oid = 0 THEN 'none'
+		                                      WHEN handler_oid = to_regprocedure(handler) THEN 'bound' END
+		                  || ' ' || subscribed_by, ',' ORDER BY name) FROM inbox_subscription}),
+		'kept_dead bound kept_svc,kept_orphan none kept_svc,kept_retrying bound kept_svc',
+		"$from: the update binds each subscription to its handler's function, or to none if it was dropped");
+	$node->safe_psql('postgres', "SELECT outbox_enqueue('$kept.orphan', 'for the orphan'::text)");
+	ok(wait_for_query($node, q{SELECT last_error LIKE '%"kept_orphan"%its handler public.orphan_apply(public.inbox_message) was dropped%'
+			FROM inbox_worker}, 't', 60),
+		"$from: the subscription whose handler was dropped waits, and inbox_worker says why");
+	is($node->safe_psql('postgres', q{SELECT count(*) FROM inbox_dead_letter WHERE subscription = 'kept_orphan'}), '0',
+		"$from: nothing of it is dead-lettered");
+	$node->safe_psql('postgres', q{SELECT inbox_unsubscribe('kept_orphan')});
 	$node->safe_psql('postgres', q{
 		DELETE FROM kept_failing;
 		SELECT count(inbox_requeue(id)) FROM inbox_dead_letter WHERE subscription = 'kept_dead';});

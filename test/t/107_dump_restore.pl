@@ -28,7 +28,9 @@
 # some messages, dead-lettered one and holds one for a retry (an hour
 # away).  Each restore has the source's rows in inbox_subscription,
 # inbox_offset, inbox_received, inbox_retry and inbox_dead_letter, column
-# by column, the handler still resolves, and new inbox_retry ids are above
+# by column (the oid of the function a subscription is bound to aside), the
+# handler still resolves and the subscription is bound to the restored
+# function, and new inbox_retry ids are above
 # the restored ones.  Once Kafka is let in, the restored subscription is
 # served: a message enqueued after the restore is applied, the restored
 # ones are not applied again.  (pg_dump -Fc dumps one database, not its
@@ -174,8 +176,9 @@ finish_load($load);
 my $dead_letters_query =
   'SELECT id, message_id, topic, key, md5(payload), attempts, created_at, failed_at, error FROM outbox_dead_letter ORDER BY id';
 my $source_dead_letters = $source->safe_psql('shop', $dead_letters_query);
-# The inbox's tables, every column of every row.
-my %inbox_query = map { ($_ => "SELECT string_agg(t::text, E'\\n' ORDER BY t::text) FROM $_ t") }
+# The inbox's tables, every column of every row; but handler_oid, the oid
+# of the function a subscription is bound to, which a restore gives anew.
+my %inbox_query = map { ($_ => "SELECT string_agg((to_jsonb(t) - 'handler_oid')::text, E'\\n' ORDER BY t::text) FROM $_ t") }
   qw(inbox_subscription inbox_offset inbox_received inbox_retry inbox_dead_letter);
 my %source_inbox = map { ($_ => $source->safe_psql('shop', $inbox_query{$_})) } keys %inbox_query;
 is($source->safe_psql('shop', q{
@@ -235,8 +238,10 @@ for my $path (sort keys %restore)
 	is($node->safe_psql('shop', $inbox_query{$_}), $source_inbox{$_}, "$path: $_ holds the source's rows")
 	  for sort keys %inbox_query;
 	is($node->safe_psql('shop', q{
-			SELECT handler, handler::regprocedure = 'apply_coupon(inbox_message)'::regprocedure FROM inbox_subscription}),
-		'public.apply_coupon(public.inbox_message)|t', "$path: the subscription's handler resolves");
+			SELECT handler, handler::regprocedure = 'apply_coupon(inbox_message)'::regprocedure,
+			       handler_oid = 'apply_coupon(inbox_message)'::regprocedure FROM inbox_subscription}),
+		'public.apply_coupon(public.inbox_message)|t|t',
+		"$path: the subscription's handler resolves, and the subscription is bound to the restored function");
 	# A new retry id (rolled back) is above every restored retry and dead letter.
 	is($node->safe_psql('shop', q{
 			BEGIN;

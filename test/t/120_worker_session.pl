@@ -43,6 +43,7 @@ $node->safe_psql('app', qq{
 	CREATE FUNCTION apply(m inbox_message) RETURNS void LANGUAGE sql
 	    AS \$\$ INSERT INTO applied VALUES (m.message_id, (m).payload_text) \$\$;
 	GRANT EXECUTE ON FUNCTION apply(inbox_message) TO svc;
+	SELECT outbox_grant_topic('svc', '$topic', 'subscribe');
 	SELECT inbox_subscribe('app', ARRAY['$topic'], 'apply(inbox_message)', run_as => 'svc');
 });
 ok(wait_for_query($node, "SELECT count(*) FROM pg_stat_activity WHERE datname = 'app' AND backend_type IN ('outbox worker', 'outbox inbox')",
