@@ -40,7 +40,8 @@
  * entrant may be waiting for that lock), and tries again once the entrant
  * has ended.  An entry is removed once its transaction has ended, which is
  * after its rows are visible; an entry whose transaction has ended counts
- * for nothing, and the next entrant of its pair takes it over.
+ * for nothing, and the next entrant of its pair takes it over; a transaction
+ * that finds the table full removes such entries first (once).
  *
  * A prepared transaction keeps its entries, but shared memory does not
  * survive a restart: so as it prepares, it takes the buckets of its entered
@@ -150,6 +151,9 @@ static uint64 *pairs_entered = NULL;
 static int	pairs_entered_count = 0;
 static int	pairs_entered_space = 0;
 static TransactionId pairs_entered_by = InvalidTransactionId;
+
+/* Whether this transaction found the table full and swept it already. */
+static bool swept_table = false;
 
 /* SipHash-2-4 (Aumasson and Bernstein, 2012), fed in pieces. */
 typedef struct SipHash
@@ -372,6 +376,31 @@ enter_pair(uint64 pair, TransactionId me, TransactionId *holder)
 }
 
 /*
+ * Remove the entries whose transaction has ended: a prepared transaction's,
+ * committed or rolled back since, or one whose backend could not remove
+ * them.  Run when the table is full, at most once per transaction, since it
+ * reads the whole table under all its locks.
+ */
+static void
+sweep_ended_holders(void)
+{
+	HASH_SEQ_STATUS scan;
+	HeldPair   *entry;
+
+	swept_table = true;
+	for (int i = 0; i < KEY_LOCK_PARTITIONS; i++)
+		LWLockAcquire(&held_pair_locks[i].lock, LW_EXCLUSIVE);
+	hash_seq_init(&scan, held_pairs);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+	{
+		if (!TransactionIdIsInProgress(entry->holder))
+			(void) hash_search(held_pairs, &entry->pair, HASH_REMOVE, NULL);
+	}
+	for (int i = KEY_LOCK_PARTITIONS - 1; i >= 0; i--)
+		LWLockRelease(&held_pair_locks[i].lock);
+}
+
+/*
  * Hold the pair in the table of held pairs until the end of the
  * transaction, after any transaction that holds it now; false, holding
  * nothing more, if the table is full.
@@ -387,7 +416,12 @@ hold_pair_in_table(uint64 pair, const LOCKTAG *exact, const LOCKTAG *bucket)
 	for (;;)
 	{
 		if (!enter_pair(pair, me, &holder))
-			return false;
+		{
+			if (swept_table)
+				return false;
+			sweep_ended_holders();
+			continue;
+		}
 		if (!TransactionIdIsValid(holder))
 			break;
 		XactLockTableWait(holder, NULL, NULL, XLTW_None);
@@ -475,6 +509,7 @@ forget_entered_pairs(void)
 {
 	pairs_entered_count = 0;
 	pairs_entered_by = InvalidTransactionId;
+	swept_table = false;
 	if (pairs_entered_space > 1024)
 	{
 		pfree(pairs_entered);
