@@ -91,12 +91,13 @@
 #define KEY_LOCK_BUCKETS 32
 
 /*
- * Room in the table of held pairs, for all transactions together: a
- * transaction of a hundred thousand keys fits beside others, in about
- * 5 MB of shared memory (48 bytes an entry with dynahash's own, and its
- * directory).  Past it, pairs fall back to buckets, as they all did before
- * the table was there.  The table is split in KEY_LOCK_PARTITIONS, each
- * under a lock of its own, as PostgreSQL's lock table is.
+ * Room in the table of held pairs, for all transactions of the server
+ * together: a transaction of a hundred thousand keys fits beside others, in
+ * about 6 MB of shared memory (hash_estimate_size(): 40 bytes an entry with
+ * dynahash's header, and a bucket pointer each).  Past it, pairs fall back
+ * to buckets, as they all did before the table was there.  The table is
+ * split in KEY_LOCK_PARTITIONS, each under a lock of its own, as
+ * PostgreSQL's lock table is.
  */
 #define KEY_LOCK_HELD_PAIRS (1 << 17)
 #define KEY_LOCK_PARTITIONS 16
@@ -123,10 +124,20 @@ typedef struct KeyLockShared
 
 static KeyLockShared *key_lock_shared = NULL;
 
-/* An entry of the table of held pairs: the pair's hash, and its holder. */
-typedef struct HeldPair
+/*
+ * An entry of the table of held pairs: the pair's hash in its database (the
+ * table serves every database, as the lock table does), and its holder.
+ */
+typedef struct HeldPairTag
 {
 	uint64		pair;
+	Oid			database;
+	uint32		zero;			/* hashed with the rest: never left unset */
+} HeldPairTag;
+
+typedef struct HeldPair
+{
+	HeldPairTag tag;
 	TransactionId holder;
 } HeldPair;
 
@@ -264,6 +275,18 @@ pair_hash(text *topic, text *key)
 	return siphash_final(&s);
 }
 
+/* The tag of a pair of this database in the table of held pairs. */
+static HeldPairTag
+held_pair_tag(uint64 pair)
+{
+	HeldPairTag tag;
+
+	tag.pair = pair;
+	tag.database = MyDatabaseId;
+	tag.zero = 0;
+	return tag;
+}
+
 /* The lock of the table's partition that holds a pair. */
 static LWLock *
 held_pair_lock(uint32 hashcode)
@@ -278,12 +301,13 @@ held_pair_lock(uint32 hashcode)
 static TransactionId
 pair_holder(uint64 pair)
 {
-	uint32		hashcode = get_hash_value(held_pairs, &pair);
+	HeldPairTag tag = held_pair_tag(pair);
+	uint32		hashcode = get_hash_value(held_pairs, &tag);
 	HeldPair   *entry;
 	TransactionId holder = InvalidTransactionId;
 
 	LWLockAcquire(held_pair_lock(hashcode), LW_SHARED);
-	entry = hash_search_with_hash_value(held_pairs, &pair, hashcode, HASH_FIND, NULL);
+	entry = hash_search_with_hash_value(held_pairs, &tag, hashcode, HASH_FIND, NULL);
 	if (entry)
 		holder = entry->holder;
 	LWLockRelease(held_pair_lock(hashcode));
@@ -344,14 +368,15 @@ make_room_for_entered_pair(void)
 static bool
 enter_pair(uint64 pair, TransactionId me, TransactionId *holder)
 {
-	uint32		hashcode = get_hash_value(held_pairs, &pair);
+	HeldPairTag tag = held_pair_tag(pair);
+	uint32		hashcode = get_hash_value(held_pairs, &tag);
 	HeldPair   *entry;
 	bool		found;
 
 	*holder = InvalidTransactionId;
 	make_room_for_entered_pair();
 	LWLockAcquire(held_pair_lock(hashcode), LW_EXCLUSIVE);
-	entry = hash_search_with_hash_value(held_pairs, &pair, hashcode, HASH_ENTER_NULL, &found);
+	entry = hash_search_with_hash_value(held_pairs, &tag, hashcode, HASH_ENTER_NULL, &found);
 	if (entry == NULL)
 	{
 		LWLockRelease(held_pair_lock(hashcode));
@@ -394,7 +419,7 @@ sweep_ended_holders(void)
 	while ((entry = hash_seq_search(&scan)) != NULL)
 	{
 		if (!TransactionIdIsInProgress(entry->holder))
-			(void) hash_search(held_pairs, &entry->pair, HASH_REMOVE, NULL);
+			(void) hash_search(held_pairs, &entry->tag, HASH_REMOVE, NULL);
 	}
 	for (int i = KEY_LOCK_PARTITIONS - 1; i >= 0; i--)
 		LWLockRelease(&held_pair_locks[i].lock);
@@ -468,15 +493,15 @@ remove_entered_pairs(void)
 {
 	for (int i = 0; i < pairs_entered_count; i++)
 	{
-		uint64		pair = pairs_entered[i];
-		uint32		hashcode = get_hash_value(held_pairs, &pair);
+		HeldPairTag tag = held_pair_tag(pairs_entered[i]);
+		uint32		hashcode = get_hash_value(held_pairs, &tag);
 		HeldPair   *entry;
 
 		LWLockAcquire(held_pair_lock(hashcode), LW_EXCLUSIVE);
-		entry = hash_search_with_hash_value(held_pairs, &pair, hashcode, HASH_FIND, NULL);
+		entry = hash_search_with_hash_value(held_pairs, &tag, hashcode, HASH_FIND, NULL);
 		/* another may have taken it over once this one had ended */
 		if (entry && TransactionIdEquals(entry->holder, pairs_entered_by))
-			(void) hash_search_with_hash_value(held_pairs, &pair, hashcode, HASH_REMOVE, NULL);
+			(void) hash_search_with_hash_value(held_pairs, &tag, hashcode, HASH_REMOVE, NULL);
 		LWLockRelease(held_pair_lock(hashcode));
 	}
 }
@@ -568,7 +593,7 @@ make_held_pairs(void)
 {
 	HASHCTL		info;
 
-	info.keysize = sizeof(uint64);
+	info.keysize = sizeof(HeldPairTag);
 	info.entrysize = sizeof(HeldPair);
 	info.num_partitions = KEY_LOCK_PARTITIONS;
 	held_pairs = ShmemInitHash("outbox held pairs", KEY_LOCK_HELD_PAIRS, KEY_LOCK_HELD_PAIRS,

@@ -28,7 +28,9 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;
 	CREATE TABLE vacuum_me AS SELECT i FROM generate_series(1, 1000) i;
+	CREATE DATABASE other;
 });
+$node->safe_psql('other', 'CREATE EXTENSION outbox');
 
 # The extension's locks (0x4f42 exact, 0x4f43 bucket) held by a backend.
 my $key_locks_of = sub {
@@ -116,6 +118,12 @@ my ($ret, $stdout, $stderr) = $node->psql('postgres',
 	extra_params => [ '-U', 'app' ]);
 is("$ret $stdout", '0 t', 'an enqueue for a key the open transaction does not have does not wait for it')
   or diag($stderr);
+($ret, $stdout, $stderr) = $node->psql('other', qq{
+	BEGIN;
+	SET LOCAL lock_timeout = '5s';
+	SELECT outbox_enqueue('$topic', 'beside'::text, 'key-30000') > 0;
+	ROLLBACK;});
+is("$ret $stdout", '0 t', 'nor one for one of its keys in another database') or diag($stderr);
 
 $big->query_safe('COMMIT');
 $big->quit;
