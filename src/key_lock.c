@@ -43,9 +43,10 @@
  * for nothing, and the next entrant of its pair takes it over; a transaction
  * that finds the table full removes such entries first (once).
  *
- * A prepared transaction keeps its entries, but shared memory does not
- * survive a restart: so as it prepares, it takes the buckets of its entered
- * pairs in ExclusiveLock, which PostgreSQL keeps for it across a restart.
+ * A prepared transaction keeps its entries (it is in progress until COMMIT
+ * PREPARED), as it keeps its locks.  Neither holds its pairs across a
+ * restart: the table is made anew, and the locks PostgreSQL restores for
+ * it bear the hashes of the key drawn before, which no pair has any more.
  *
  * The hash is SipHash-2-4 under a key drawn at random whenever shared memory
  * is made (server start, and restart after a crash, when no transaction
@@ -506,28 +507,6 @@ remove_entered_pairs(void)
 	}
 }
 
-/*
- * As a transaction prepares, hold the buckets of its entered pairs, which
- * PostgreSQL keeps for it across a restart, unlike the table.
- */
-static void
-lock_buckets_of_entered_pairs(void)
-{
-	bool		locked[KEY_LOCK_BUCKETS] = {0};
-
-	for (int i = 0; i < pairs_entered_count; i++)
-	{
-		uint32		b = (uint32) (pairs_entered[i] % KEY_LOCK_BUCKETS);
-		LOCKTAG		bucket;
-
-		if (locked[b])
-			continue;
-		SET_LOCKTAG_ADVISORY(bucket, MyDatabaseId, 0, b, KEY_LOCK_TAG_BUCKET);
-		(void) LockAcquire(&bucket, ExclusiveLock, false, false);
-		locked[b] = true;
-	}
-}
-
 /* Forget the pairs entered; their entries stay only for a prepared one. */
 static void
 forget_entered_pairs(void)
@@ -559,9 +538,6 @@ release_pairs_at_transaction_end(XactEvent event, void *arg)
 			remove_entered_pairs();
 			forget_entered_pairs();
 			exact_locks_taken = 0;
-			break;
-		case XACT_EVENT_PRE_PREPARE:
-			lock_buckets_of_entered_pairs();
 			break;
 		case XACT_EVENT_PREPARE:
 			forget_entered_pairs();

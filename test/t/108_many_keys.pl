@@ -21,7 +21,7 @@ my $keys = 50_000;
 # The lock table as PostgreSQL sizes it by default; rows stay as 'sent' so
 # that each record maps back to its id.
 my $node = outbox_node('many_keys', conf => join("\n",
-		'max_connections = 100', 'max_locks_per_transaction = 64',
+		'max_connections = 100', 'max_locks_per_transaction = 64', 'max_prepared_transactions = 2',
 		"outbox.sent_retention = '1h'"));
 my $topic = unique_topic('many_keys');
 $node->safe_psql('postgres', q{
@@ -167,6 +167,28 @@ my $tag_before = $tag_of_key->();
 $node->restart;
 my $tag_after = $tag_of_key->();
 isnt($tag_after, $tag_before, 'the lock tag of a key differs after a restart');
+
+# A prepared transaction holds its keys past its 16th in the table of held
+# pairs until COMMIT PREPARED: an enqueue of such a key waits for it, and
+# goes on once it is committed, with the later id.
+$node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT count(outbox_enqueue('$topic', 'prepared'::text, 'prepared-' || i)) FROM generate_series(1, 20) i;
+	PREPARE TRANSACTION 'many_keys';});
+my $waiter = $node->background_psql('postgres');
+my $waiter_pid = $waiter->query_safe('SELECT pg_backend_pid()');
+$waiter->query_until(qr/enqueueing/, qq{
+	\\echo enqueueing
+	SELECT outbox_enqueue('$topic', 'after'::text, 'prepared-20');
+});
+ok(wait_for_query($node, "SELECT count(*) FROM pg_locks WHERE pid = $waiter_pid AND NOT granted", '1'),
+	'an enqueue of a prepared transaction\'s 20th key waits for it');
+$node->safe_psql('postgres', q{COMMIT PREPARED 'many_keys'});
+ok(wait_for_query($node, qq{SELECT count(*) FROM outbox_message WHERE key = 'prepared-20'}, '2'),
+	'once it is committed, the enqueue goes on');
+$waiter->quit;
+is($node->safe_psql('postgres', qq{SELECT string_agg(convert_from(payload, 'UTF8'), ',' ORDER BY id) FROM outbox_message
+	WHERE key = 'prepared-20'}), 'prepared,after', 'and its message comes after the prepared one');
 
 $node->stop('fast');
 done_testing();
