@@ -50,7 +50,7 @@
  *
  * The hash is SipHash-2-4 under a key drawn at random whenever shared memory
  * is made (server start, and restart after a crash, when no transaction
- * survives that could hold a lock).  So no role can compute which pairs
+ * survives that could hold a lock but a prepared one: see above).  So no role can compute which pairs
  * share a bucket or an exact lock with another role's pairs (it could only
  * try pairs and watch pg_locks, which every role may read), and the lock
  * tags in pg_locks say nothing about the pairs they stand for.  A fast hash
