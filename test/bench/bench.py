@@ -19,6 +19,8 @@
 #       the inbox; beside the tuned poller and a hand-written consumer
 #   B9  consume: a million messages in Kafka applied by the inbox's handler,
 #       beside a hand-written consumer (peers.py consume)
+#   B10 small keyed enqueues while a transaction of 100,000 keys is open,
+#       beside the same with none open
 #
 # Every figure is printed beside the peers' measured in the same run, as a
 # ratio: absolute times on a shared machine drift.  Progress goes to stderr,
@@ -114,7 +116,16 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9")
+PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10")
+# B10: small business transactions, each one keyed outbox_enqueue() of a key
+# of its own, one after another (a pause of "pause" seconds between them)
+# for "seconds"; first with nothing else open, then while a bulk transaction
+# enqueues "bulk_keys" distinct keys (none of theirs) in "bulk_chunks"
+# statements spread over the same seconds and commits at their end.  The
+# figure: the p99 of the small transactions' enqueue call in each run, and
+# the ratio.  A bulk transaction's pairs once took every key-lock bucket, and
+# each small enqueue then waited for its commit.
+B10 = {"topic": "bench.b10", "seconds": 10, "bulk_keys": 100_000, "bulk_chunks": 100, "pause": 0.002}
 # B8 and B9 measure the inbox (schema 0.5.0): inbox_subscribe() makes a
 # worker in the database read Kafka topics and call a handler for each
 # message in the transaction that records it as consumed.  Its handlers here
@@ -1759,6 +1770,80 @@ class Bench:
                  f" (start-up {found['startup'] or 0:.2f} s); {peer.counts}")
         return found
 
+    # B10 ---------------------------------------------------------------------
+
+    def b10_bulk(self, started, errors, bulk):
+        """The bulk transaction: B10's bulk_keys keys in bulk_chunks statements
+        spread over its seconds, then COMMIT; in bulk, its keys and seconds."""
+        try:
+            conn = psycopg2.connect(self.args.dsn)
+            chunk = B10["bulk_keys"] // B10["bulk_chunks"]
+            begin = time.monotonic()
+            with conn.cursor() as cur:
+                started.set()
+                for n in range(B10["bulk_chunks"]):
+                    cur.execute("SELECT count(outbox_enqueue(%s, '{\"kind\": \"bulk\"}'::jsonb, 'bulk-' || i))"
+                                "  FROM generate_series(%s, %s) i",
+                                (B10["topic"], n * chunk + 1, (n + 1) * chunk))
+                    time.sleep(max(0.0, begin + (n + 1) * B10["seconds"] / B10["bulk_chunks"] - time.monotonic()))
+            conn.commit()
+            conn.close()
+            bulk.update(keys=B10["bulk_keys"], seconds=time.monotonic() - begin)
+        except Exception as e:    # reported by the measuring thread
+            errors.append(e)
+            started.set()
+
+    def b10_run(self, run, bulk):
+        """The small transactions' enqueue latencies (ms, sorted) for B10's
+        seconds, beside the bulk transaction if bulk (a dict it fills)."""
+        conn = psycopg2.connect(self.args.dsn)
+        started, errors, latencies = threading.Event(), [], []
+        if bulk is not None:
+            thread = threading.Thread(target=self.b10_bulk, args=(started, errors, bulk))
+            thread.start()
+            started.wait()
+        end = time.monotonic() + B10["seconds"]
+        with conn.cursor() as cur:
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                cur.execute("SELECT outbox_enqueue(%s, '{\"kind\": \"small\"}'::jsonb, %s)",
+                            (B10["topic"], f"small-{run}-{len(latencies)}"))
+                latencies.append((time.monotonic() - t0) * 1000)
+                conn.commit()
+                time.sleep(B10["pause"])
+        conn.close()
+        if bulk is not None:
+            thread.join()
+        if errors:
+            raise Broken(f"B10: the bulk transaction failed: {errors[0]}")
+        return sorted(latencies)
+
+    def b10(self):
+        self.clean()
+        result, bulk = {}, {}
+        for run, beside in (("alone", None), ("beside the bulk transaction", bulk)):
+            latencies = self.b10_run(run.split()[0], beside)
+            result[run] = {"count": len(latencies), **percentiles(latencies)}
+            progress(f"B10 {run}: {len(latencies):,} enqueues, p99 {result[run]['p99']:.2f} ms")
+            wait_until("B10: the worker publishes what was enqueued", lambda: self.db.value(
+                "SELECT count(*) FROM outbox_message WHERE topic = %s AND state <> 'sent'",
+                (B10["topic"],)) == 0, 300)
+        self.results["b10"] = {"runs": result, "bulk": bulk}
+
+    def b10_report(self, b10):
+        runs, bulk = b10["runs"], b10["bulk"]
+        alone, beside = runs["alone"], runs["beside the bulk transaction"]
+        out = ["", f"B10 enqueue beside a bulk transaction: small transactions of one keyed"
+                   f" outbox_enqueue() each, one after another for {B10['seconds']} s, alone and then while"
+                   f" a transaction enqueues {B10['bulk_keys']:,} other keys over those seconds;"
+                   " the enqueue call's latency, ms"]
+        out += table([("run", "enqueues", "p50", "p99", "max")] + [
+            (run, f"{r['count']:,}", f"{r['p50']:.2f}", f"{r['p99']:.2f}", f"{r['max']:.2f}")
+            for run, r in runs.items()])
+        out.append(f"  the bulk transaction: {bulk['keys']:,} keys, committed after {bulk['seconds']:.1f} s")
+        out.append(f"  p99 beside the bulk transaction / p99 alone: {beside['p99'] / alone['p99']:.2f}")
+        return out
+
     def b9_report(self, b9):
         n = b9["messages"]
         out = ["", f"B9 consume: {n:,} messages already in {B9['topic']} ({PARTITIONS} partitions, {B9['keys']:,}"
@@ -2053,6 +2138,9 @@ class Bench:
         b9 = self.results.get("b9")
         if b9 and b9["peer"]:
             out += self.b9_report(b9)
+        b10 = self.results.get("b10")
+        if b10:
+            out += self.b10_report(b10)
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -2264,7 +2352,7 @@ def main():
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
                               + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES]
-                              + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"]])
+                              + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"], B10["topic"]])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
             "B1R": ("B1R enqueue at fixed rates", bench.b1r),
             "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
@@ -2272,7 +2360,8 @@ def main():
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7),
             "B8": ("B8 end to end", bench.b8), "B8BG": ("B8BG end to end under background activity", bench.b8bg),
-            "B9": ("B9 consume", bench.b9)}
+            "B9": ("B9 consume", bench.b9),
+            "B10": ("B10 enqueue beside a bulk transaction", bench.b10)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:

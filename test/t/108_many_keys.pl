@@ -3,8 +3,9 @@
 # filled PostgreSQL's shared lock table (its own enqueue, or every new
 # connection, failed with "out of shared memory"); with the bounded key locks
 # of src/key_lock.c it holds at most 48 of them, other sessions connect and
-# vacuum meanwhile, an enqueue that shares its locks waits for its commit,
-# and all of it reaches Kafka in per-key order.  The locks' tags are keyed
+# vacuum meanwhile, an enqueue for one of its keys waits for its commit, one
+# for another key does not wait, and all of it reaches Kafka in per-key
+# order.  The locks' tags are keyed
 # by a secret drawn at each start, so they tell nothing about the key.
 use strict;
 use warnings;
@@ -20,15 +21,17 @@ my $keys = 50_000;
 # The lock table as PostgreSQL sizes it by default; rows stay as 'sent' so
 # that each record maps back to its id.
 my $node = outbox_node('many_keys', conf => join("\n",
-		'max_connections = 100', 'max_locks_per_transaction = 64',
+		'max_connections = 100', 'max_locks_per_transaction = 64', 'max_prepared_transactions = 2',
 		"outbox.sent_retention = '1h'"));
 my $topic = unique_topic('many_keys');
 $node->safe_psql('postgres', q{
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_enqueue(text, text, text, jsonb, integer, interval, timestamptz) TO app;
 	CREATE TABLE vacuum_me AS SELECT i FROM generate_series(1, 1000) i;
+	CREATE DATABASE other;
 });
 $node->safe_psql('postgres', "SELECT outbox_grant_topic('app', '$topic', 'publish')");
+$node->safe_psql('other', 'CREATE EXTENSION outbox');
 
 # The extension's locks (0x4f42 exact, 0x4f43 bucket) held by a backend.
 my $key_locks_of = sub {
@@ -95,11 +98,11 @@ cmp_ok($key_locks_of->($big_pid), '<=', $max_key_locks,
 	"the transaction of $keys keys holds at most $max_key_locks key locks");
 $others_get_in->("while it is open with $keys keys");
 
-# An enqueue for one of its keys, and one for a key it does not have, wait
-# for its end: the second shares a bucket, since a transaction of 50,000
-# keys holds them all.
+# An enqueue for one of its keys waits for its end (key-1 has an exact lock,
+# key-30000 is in the table of held pairs); one for a key it does not have
+# does not wait (it waited while bulk transactions took every lock bucket).
 my @waiters;
-for my $key ('key-1', 'key-30000', 'not-in-the-big-one')
+for my $key ('key-1', 'key-30000')
 {
 	my $waiter = $node->background_psql('postgres', extra_params => [ '-U', 'app' ]);
 	my $pid = $waiter->query_safe('SELECT pg_backend_pid()');
@@ -111,6 +114,17 @@ for my $key ('key-1', 'key-30000', 'not-in-the-big-one')
 		"an enqueue for $key waits for the open transaction");
 	push @waiters, $waiter;
 }
+my ($ret, $stdout, $stderr) = $node->psql('postgres',
+	qq{SET lock_timeout = '5s'; SELECT outbox_enqueue('$topic', 'beside'::text, 'not-in-the-big-one') > 0},
+	extra_params => [ '-U', 'app' ]);
+is("$ret $stdout", '0 t', 'an enqueue for a key the open transaction does not have does not wait for it')
+  or diag($stderr);
+($ret, $stdout, $stderr) = $node->psql('other', qq{
+	BEGIN;
+	SET LOCAL lock_timeout = '5s';
+	SELECT outbox_enqueue('$topic', 'beside'::text, 'key-30000') > 0;
+	ROLLBACK;});
+is("$ret $stdout", '0 t', 'nor one for one of its keys in another database') or diag($stderr);
 
 $big->query_safe('COMMIT');
 $big->quit;
@@ -154,6 +168,28 @@ my $tag_before = $tag_of_key->();
 $node->restart;
 my $tag_after = $tag_of_key->();
 isnt($tag_after, $tag_before, 'the lock tag of a key differs after a restart');
+
+# A prepared transaction holds its keys past its 16th in the table of held
+# pairs until COMMIT PREPARED: an enqueue of such a key waits for it, and
+# goes on once it is committed, with the later id.
+$node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT count(outbox_enqueue('$topic', 'prepared'::text, 'prepared-' || i)) FROM generate_series(1, 20) i;
+	PREPARE TRANSACTION 'many_keys';});
+my $waiter = $node->background_psql('postgres');
+my $waiter_pid = $waiter->query_safe('SELECT pg_backend_pid()');
+$waiter->query_until(qr/enqueueing/, qq{
+	\\echo enqueueing
+	SELECT outbox_enqueue('$topic', 'after'::text, 'prepared-20');
+});
+ok(wait_for_query($node, "SELECT count(*) FROM pg_locks WHERE pid = $waiter_pid AND NOT granted", '1'),
+	'an enqueue of a prepared transaction\'s 20th key waits for it');
+$node->safe_psql('postgres', q{COMMIT PREPARED 'many_keys'});
+ok(wait_for_query($node, qq{SELECT count(*) FROM outbox_message WHERE key = 'prepared-20'}, '2'),
+	'once it is committed, the enqueue goes on');
+$waiter->quit;
+is($node->safe_psql('postgres', qq{SELECT string_agg(convert_from(payload, 'UTF8'), ',' ORDER BY id) FROM outbox_message
+	WHERE key = 'prepared-20'}), 'prepared,after', 'and its message comes after the prepared one');
 
 $node->stop('fast');
 done_testing();
