@@ -97,6 +97,11 @@ PROVE_FLAGS += -I $(srcdir)/test/perl --timer
 
 all: $(KAFKA_PROCESS)
 
+# PGXS tracks no header: an object built before a header changed (a struct
+# that grew a field) would be linked with one built after.  Every object
+# depends on every header; a full build takes seconds.
+$(OBJS): $(wildcard $(srcdir)/src/*.h)
+
 $(KAFKA_PROCESS): $(KAFKA_PROCESS_SRCS) src/kafka_process.h src/kafka_wire.h
 	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src -o $@ $(KAFKA_PROCESS_SRCS) -lrdkafka
 
