@@ -13,6 +13,7 @@ use warnings;
 use OutboxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(usleep);
 
 my $node = outbox_node('handler_limits', conf => join("\n",
 	"outbox.retry_backoff_base = '100ms'",
@@ -195,13 +196,14 @@ sub running
 	return $line !~ /^\d+ \(.*\) Z /;
 }
 
+# Poll, with a deadline of 20 s, until none of the processes runs.
 sub wait_until_gone
 {
 	my (@pids) = @_;
 	for (1 .. 200)
 	{
 		return 1 unless grep { running($_) } @pids;
-		sleep 0.1;
+		usleep(100_000);
 	}
 	return 0;
 }
