@@ -99,5 +99,6 @@ extern bool inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *ou
 
 /* Set by the inbox worker's SIGINT handler: a handler's call is cancelled. */
 extern PGDLLIMPORT volatile sig_atomic_t inbox_call_cancelled;
+extern PGDLLIMPORT bool inbox_take_turns;
 
 #endif							/* OUTBOX_INBOX_H */

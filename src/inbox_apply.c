@@ -31,14 +31,15 @@
  * Handlers run as their subscription's role (also as session_user), in a
  * security-restricted operation (no SET ROLE, no temporary objects), with
  * the search_path the subscription was made with; every setting they
- * change is put back before the worker's own statements run, and what a
- * call took that would outlive it (session advisory locks, sequences' last
- * values) is dropped after it.  A call lasts at most
- * outbox.inbox_handler_timeout, and a cancelled call stays cancelled
- * whatever the handler catches.  A batch whose handlers take longer than
- * outbox.inbox_turn_time is committed in part, the rest left for the
- * subscription's next turn (inbox_worker.c), so that one slow subscription
- * does not hold up the others.
+ * change is put back before the worker's own statements run, and what
+ * they took that would outlive them is dropped (session advisory locks
+ * after each call, sequences' last values after the batch).  A call lasts
+ * at most outbox.inbox_handler_timeout, and a cancelled call stays
+ * cancelled whatever the handler catches.  With more than one subscription,
+ * a batch whose handlers take longer than outbox.inbox_turn_time is
+ * committed in part, the rest left for the subscription's next turn
+ * (inbox_worker.c), so that one slow subscription does not hold up the
+ * others.
  *
  *-------------------------------------------------------------------------
  */
@@ -105,6 +106,13 @@ static bool worker_session_user_is_superuser = false;
  * timeout, in signal handlers.
  */
 volatile sig_atomic_t inbox_call_cancelled = false;
+
+/*
+ * Whether the subscriptions take turns (the worker has more than one): a
+ * lone subscription's batch is never cut, which would only cost it the
+ * statements of a second commit.
+ */
+bool		inbox_take_turns = false;
 static volatile sig_atomic_t call_deadline_passed = false;
 static bool call_running = false;
 static TimeoutId handler_timeout_id = MAX_TIMEOUTS;	/* registered at the first call */
@@ -211,9 +219,9 @@ handler_enter(Handler *h)
 }
 
 /*
- * Be the worker's session user again; also after an error, once its
- * transaction was rolled back (which put back the current user and
- * settings, not the session user).
+ * Be the worker's session user again, and forget the sequences' last
+ * values the calls left; also after an error, once its transaction was
+ * rolled back (which put back the current user and settings, not these).
  */
 static void
 handler_restore_session(void)
@@ -221,6 +229,7 @@ handler_restore_session(void)
 	int			context;
 	Oid			user;
 
+	ResetSequenceCaches();
 	if (!OidIsValid(worker_session_user))
 		return;
 	GetUserIdAndSecContext(&user, &context);
@@ -230,7 +239,10 @@ handler_restore_session(void)
 	worker_session_user = InvalidOid;
 }
 
-/* Put back the role, security context and settings handler_enter() changed. */
+/*
+ * Put back the role, security context and settings handler_enter()
+ * changed; forget the sequences' last values the calls left.
+ */
 static void
 handler_leave(Handler *h)
 {
@@ -241,16 +253,18 @@ handler_leave(Handler *h)
 
 /*
  * Drop what a call took that would outlive it, as DISCARD ALL would: its
- * session advisory locks and the sequences' last values (currval(),
- * lastval()).  The rest a security-restricted operation refuses (LISTEN,
- * PREPARE, temporary objects, cursors WITH HOLD, DISCARD itself), or
- * handler_leave() puts back (settings).
+ * session advisory locks.  The sequences' last values (currval(),
+ * lastval()) are forgotten by handler_leave(), after the batch: forgetting
+ * them after each call would build the sequences' cache anew for each
+ * message of a handler that inserts with one.  The rest a
+ * security-restricted operation refuses (LISTEN, PREPARE, temporary
+ * objects, cursors WITH HOLD, DISCARD itself), or handler_leave() puts
+ * back (settings).
  */
 static void
 drop_call_state(void)
 {
 	LockReleaseSession(USER_LOCKMETHOD);
-	ResetSequenceCaches();
 }
 
 /*
@@ -595,6 +609,15 @@ hold_back_behind(BatchState *st, int i)
 			st->fates[j] = FATE_HELD;
 }
 
+/* When a turn that begins now ends; DT_NOEND if the subscriptions take none. */
+static TimestampTz
+turn_end(void)
+{
+	if (!inbox_take_turns)
+		return DT_NOEND;
+	return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_inbox_turn_time);
+}
+
 /*
  * Is the subscription's turn over before message i?  Not before its first
  * message, nor before the message whose failure made this try guarded:
@@ -603,7 +626,8 @@ hold_back_behind(BatchState *st, int i)
 static bool
 turn_over(BatchState *st, int i)
 {
-	if (i == 0 || (st->guarded_from < st->batch->count && i <= st->guarded_from))
+	if (st->turn_ends_at == DT_NOEND || i == 0 ||
+		(st->guarded_from < st->batch->count && i <= st->guarded_from))
 		return false;
 	return GetCurrentTimestamp() >= st->turn_ends_at;
 }
@@ -901,7 +925,7 @@ inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch, bool keys_may_b
 	st.errors = palloc0(sizeof(HandlerError) * Max(batch->count, 1));
 	st.guarded_from = batch->count;
 	st.cancelled = -1;
-	st.turn_ends_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_inbox_turn_time);
+	st.turn_ends_at = turn_end();
 	do
 		result = try_batch(&st, outcome);
 	while (result == TRY_UNGUARDED_FAILURE);
@@ -944,7 +968,8 @@ settle_key(Handler *h, RetryRow *r, InboxOutcome *outcome, TimestampTz turn_ends
 	for (; r != NULL; r = inbox_next_retry_of_key(s, r))
 	{
 		/* the messages left behind are due at the next turn */
-		if (outcome->applied + outcome->failed > 0 && GetCurrentTimestamp() >= turn_ends_at)
+		if (turn_ends_at != DT_NOEND && outcome->applied + outcome->failed > 0 &&
+			GetCurrentTimestamp() >= turn_ends_at)
 			return;
 		if (attempt(h, &r->row, &e))
 		{
@@ -978,8 +1003,7 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	volatile bool done = true;
-	TimestampTz turn_ends_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														   outbox_inbox_turn_time);
+	TimestampTz turn_ends_at = turn_end();
 
 	memset(outcome, 0, sizeof(*outcome));
 	PG_TRY();

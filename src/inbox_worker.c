@@ -536,6 +536,7 @@ outbox_inbox_main(Datum main_arg)
 		if (!have_subscriptions())
 			break;
 		start_consumers();
+		inbox_take_turns = list_length(subscribers) > 1;
 		inbox_report_state(INBOX_IDLE);
 		wait_for_batches();
 		apply_batches();

@@ -297,7 +297,7 @@ define_inbox_limit_settings(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("outbox.inbox_turn_time",
-							"How long the inbox worker applies one subscription's messages before it turns to the next subscription.",
+							"How long the inbox worker applies one subscription's messages before it turns to the next subscription, when its database has more than one.",
 							"The rest of the batch is applied at the subscription's next turn. At least one message is applied per turn.",
 							&outbox_inbox_turn_time,
 							DEFAULT_INBOX_TURN_TIME_MS, 1, INT_MAX,
