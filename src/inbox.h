@@ -10,6 +10,8 @@
 #ifndef OUTBOX_INBOX_H
 #define OUTBOX_INBOX_H
 
+#include <signal.h>
+
 #include "datatype/timestamp.h"
 #include "nodes/pg_list.h"
 #include "utils/uuid.h"
@@ -25,7 +27,7 @@ typedef struct InboxMessage
 	int64		offset;
 	int64		timestamp_ms;	/* -1 if Kafka has none */
 	char	   *key;			/* NULL for none; text of the database's
-								 * encoding */
+								 * encoding, once the batch's are converted */
 	int			value_len;		/* -1 for a NULL value */
 	char	   *value;
 	int			header_count;
@@ -47,6 +49,8 @@ typedef struct PartitionWatermark
 typedef struct InboxBatch
 {
 	MemoryContext context;
+	bool		texts_in_utf8;	/* keys and headers not yet in the database's
+								 * encoding (inbox_consumer.c) */
 	int			count;
 	InboxMessage *messages;
 	int			watermark_count;
@@ -107,5 +111,9 @@ typedef enum HandlerFault
 
 extern HandlerFault handler_fault(Oid handler, Oid run_as, char **why);
 extern bool subscription_may_run(const InboxSubscription *s, char **why);
+
+/* Set by the inbox worker's SIGINT handler: a handler's call is cancelled. */
+extern PGDLLIMPORT volatile sig_atomic_t inbox_call_cancelled;
+extern PGDLLIMPORT bool inbox_take_turns;
 
 #endif							/* OUTBOX_INBOX_H */

@@ -28,10 +28,18 @@
  * applied again with a subtransaction for each message from the one that
  * failed on ("guarded"), so that only the failing message's effects go.
  *
- * Handlers run as their subscription's role, in a security-restricted
- * operation (no SET ROLE, no temporary objects), with the search_path the
- * subscription was made with; every setting they change is put back
- * before the worker's own statements run.
+ * Handlers run as their subscription's role (also as session_user), in a
+ * security-restricted operation (no SET ROLE, no temporary objects), with
+ * the search_path the subscription was made with; every setting they
+ * change is put back before the worker's own statements run, and what
+ * they took that would outlive them is dropped (session advisory locks
+ * after each call, sequences' last values after the batch).  A call lasts
+ * at most outbox.inbox_handler_timeout, and a cancelled call stays
+ * cancelled whatever the handler catches.  With more than one subscription,
+ * a batch whose handlers take longer than outbox.inbox_turn_time is
+ * committed in part, the rest left for the subscription's next turn
+ * (inbox_worker.c), so that one slow subscription does not hold up the
+ * others.
  *
  *-------------------------------------------------------------------------
  */
@@ -39,8 +47,10 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "commands/sequence.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -54,6 +64,7 @@
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
+#include "inbox_consumer.h"
 #include "inbox_store.h"
 #include "message.h"
 #include "settings.h"
@@ -67,7 +78,8 @@ typedef enum MessageFate
 	FATE_APPLIED,
 	FATE_DUPLICATE,
 	FATE_HELD,
-	FATE_FAILED
+	FATE_FAILED,
+	FATE_DEFERRED				/* left for the subscription's next turn */
 } MessageFate;
 
 /* A subscription's handler, ready to be called in this transaction. */
@@ -81,6 +93,66 @@ typedef struct Handler
 	Oid			saved_user;
 	int			saved_context;
 } Handler;
+
+/* The worker's session user while a handler's role stands in for it, or InvalidOid. */
+static Oid	worker_session_user = InvalidOid;
+static bool worker_session_user_is_superuser = false;
+
+/*
+ * The limits of one handler call.  The cancel of a call (its timeout,
+ * statement_timeout, pg_cancel_backend()) is raised again at every
+ * subtransaction the handler rolls back while the call lasts, so that
+ * catching query_canceled (an EXCEPTION block) does not outlive it.
+ * inbox_call_cancelled is set by the worker's SIGINT handler and by the
+ * timeout, in signal handlers.
+ */
+volatile sig_atomic_t inbox_call_cancelled = false;
+
+/*
+ * Whether the subscriptions take turns (the worker has more than one): a
+ * lone subscription's batch is never cut, which would only cost it the
+ * statements of a second commit.
+ */
+bool		inbox_take_turns = false;
+static volatile sig_atomic_t call_deadline_passed = false;
+static bool call_running = false;
+static TimeoutId handler_timeout_id = MAX_TIMEOUTS;	/* registered at the first call */
+static bool cancel_again_registered = false;
+
+/* outbox.inbox_handler_timeout passed: cancel the call, as a SIGINT would. */
+static void
+handler_deadline_passed(void)
+{
+	call_deadline_passed = true;
+	inbox_call_cancelled = true;
+	QueryCancelPending = true;
+	InterruptPending = true;
+	SetLatch(MyLatch);
+}
+
+/*
+ * A subtransaction of a cancelled call was rolled back: the handler caught
+ * the cancel.  Raise it again at the next interrupt check (PL/pgSQL checks
+ * at every statement, and at every turn of an empty loop).
+ */
+static void
+cancel_again(SubXactEvent event, SubTransactionId subxact, SubTransactionId parent, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB && call_running && inbox_call_cancelled)
+	{
+		QueryCancelPending = true;
+		InterruptPending = true;
+	}
+}
+
+static void
+register_cancel_again(void)
+{
+	if (cancel_again_registered)
+		return;
+	RegisterSubXactCallback(cancel_again, NULL);
+	cancel_again_registered = true;
+}
 
 /*
  * The handler.
@@ -114,33 +186,133 @@ handler_open(Handler *h, const InboxSubscription *s, char **why)
 /*
  * Become the subscription's role, in a security-restricted operation, with
  * its search_path; every setting a handler changes from here on is put
- * back by handler_leave().
+ * back by handler_leave().  The session user becomes the role too, and
+ * is_superuser off: a handler learns no more of the worker than a session
+ * of its role would.  SetSessionAuthorization() wants no security context,
+ * so the worker's is set after it.
  */
 static void
 handler_enter(Handler *h)
 {
 	GetUserIdAndSecContext(&h->saved_user, &h->saved_context);
+	worker_session_user = GetSessionUserId();
+	worker_session_user_is_superuser = superuser_arg(worker_session_user);
 	h->guc_nest_level = NewGUCNestLevel();
+	SetUserIdAndSecContext(h->saved_user, 0);
+	SetSessionAuthorization(h->subscription->run_as, false);
 	SetUserIdAndSecContext(h->subscription->run_as,
 						   h->saved_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	(void) set_config_option("search_path", h->subscription->search_path, PGC_USERSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	register_cancel_again();
 }
 
-/* Put back the role, security context and settings handler_enter() changed. */
+/*
+ * Be the worker's session user again, and forget the sequences' last
+ * values the calls left; also after an error, once its transaction was
+ * rolled back (which put back the current user and settings, not these).
+ */
+static void
+handler_restore_session(void)
+{
+	int			context;
+	Oid			user;
+
+	ResetSequenceCaches();
+	if (!OidIsValid(worker_session_user))
+		return;
+	GetUserIdAndSecContext(&user, &context);
+	SetUserIdAndSecContext(user, 0);
+	SetSessionAuthorization(worker_session_user, worker_session_user_is_superuser);
+	SetUserIdAndSecContext(user, context);
+	worker_session_user = InvalidOid;
+}
+
+/*
+ * Put back the role, security context and settings handler_enter()
+ * changed; forget the sequences' last values the calls left.
+ */
 static void
 handler_leave(Handler *h)
 {
 	AtEOXact_GUC(false, h->guc_nest_level);
 	SetUserIdAndSecContext(h->saved_user, h->saved_context);
+	handler_restore_session();
+}
+
+/*
+ * Drop what a call took that would outlive it, as DISCARD ALL would: its
+ * session advisory locks.  The sequences' last values (currval(),
+ * lastval()) are forgotten by handler_leave(), after the batch: forgetting
+ * them after each call would build the sequences' cache anew for each
+ * message of a handler that inserts with one.  The rest a
+ * security-restricted operation refuses (LISTEN, PREPARE, temporary
+ * objects, cursors WITH HOLD, DISCARD itself), or handler_leave() puts
+ * back (settings).
+ */
+static void
+drop_call_state(void)
+{
+	LockReleaseSession(USER_LOCKMETHOD);
+}
+
+/*
+ * The call ran out of time, or was cancelled: fail it, whatever the handler
+ * caught or returned, with an error that says so.  The cancel itself is
+ * answered: the worker's own statements go on.
+ */
+static void
+fail_overdue_call(void)
+{
+	bool		timed_out = call_deadline_passed;
+
+	QueryCancelPending = false;
+	inbox_call_cancelled = false;
+	call_deadline_passed = false;
+	if (timed_out)
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("the handler ran longer than outbox.inbox_handler_timeout (%d ms)",
+						outbox_inbox_handler_timeout),
+				 errhint("Make the handler quicker, or raise outbox.inbox_handler_timeout.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_QUERY_CANCELED),
+			 errmsg("the handler's call was cancelled")));
+}
+
+/* Arm the limits of one call: outbox.inbox_handler_timeout, statement_timeout. */
+static void
+begin_call(void)
+{
+	if (handler_timeout_id == MAX_TIMEOUTS)
+		handler_timeout_id = RegisterTimeout(USER_TIMEOUT, handler_deadline_passed);
+	inbox_call_cancelled = false;
+	call_deadline_passed = false;
+	call_running = true;
+	if (outbox_inbox_handler_timeout > 0)
+		enable_timeout_after(handler_timeout_id, outbox_inbox_handler_timeout);
+}
+
+/* Disarm them (the handler may have changed statement_timeout: not that). */
+static void
+end_call(bool statement_timed)
+{
+	call_running = false;
+	if (outbox_inbox_handler_timeout > 0)
+		disable_timeout(handler_timeout_id, false);
+	if (statement_timed)
+		disable_timeout(STATEMENT_TIMEOUT, false);
+	drop_call_state();
 }
 
 /*
  * Call the handler with one message; what it returns is ignored.  Each call
  * is a statement as statement_timeout sees it (the worker's value: the
- * server's, the database's), as a call from a client would be: a handler
- * that runs longer is cancelled, its message failed, and retried.
+ * server's, the database's), as a call from a client would be, and has at
+ * most outbox.inbox_handler_timeout.  A call cancelled (by either, or by
+ * pg_cancel_backend()) stays cancelled until it ends (cancel_again()), and
+ * fails even if the handler returns: its message is failed, and retried.
  */
 static void
 handler_call(Handler *h, MessageRow *row)
@@ -148,25 +320,37 @@ handler_call(Handler *h, MessageRow *row)
 	MemoryContext caller = MemoryContextSwitchTo(h->call_context);
 	LOCAL_FCINFO(fcinfo, 1);
 	HeapTuple	tuple = heap_form_tuple(h->desc, row->values, row->nulls);
-
-	/* the handler may change statement_timeout: disarm what was armed */
-	bool		timed = StatementTimeout > 0;
+	bool		statement_timed = StatementTimeout > 0;
 
 	InitFunctionCallInfoData(*fcinfo, &h->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = HeapTupleGetDatum(tuple);
 	fcinfo->args[0].isnull = false;
-	if (timed)
+	begin_call();
+	if (statement_timed)
 		enable_timeout_after(STATEMENT_TIMEOUT, StatementTimeout);
 	PG_TRY();
 	{
 		(void) FunctionCallInvoke(fcinfo);
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
-		if (timed)
-			disable_timeout(STATEMENT_TIMEOUT, false);
+		end_call(statement_timed);
+		if (!call_deadline_passed)
+		{
+			/* its own error, or the cancel's (statement_timeout's, a user's) */
+			if (inbox_call_cancelled)
+				QueryCancelPending = false;
+			inbox_call_cancelled = false;
+			PG_RE_THROW();
+		}
+		MemoryContextSwitchTo(caller);
+		FlushErrorState();
+		fail_overdue_call();
 	}
 	PG_END_TRY();
+	end_call(statement_timed);
+	if (inbox_call_cancelled)
+		fail_overdue_call();
 	CommandCounterIncrement();
 	MemoryContextSwitchTo(caller);
 	MemoryContextReset(h->call_context);
@@ -309,6 +493,9 @@ typedef struct BatchState
 	bool		keys_may_be_held;	/* inbox_retry may hold messages */
 	int			guarded_from;	/* a subtransaction for each message from here */
 	volatile int calling;		/* the message whose handler runs unguarded, or -1 */
+	int			cancelled;		/* the message whose call was cancelled unguarded, or -1 */
+	int			deferred_from;	/* the first message left for the next turn */
+	TimestampTz turn_ends_at;	/* outbox.inbox_turn_time after the batch began */
 } BatchState;
 
 /*
@@ -412,7 +599,40 @@ hold_back_behind(BatchState *st, int i)
 			st->fates[j] = FATE_HELD;
 }
 
-/* Call the handler for each message to apply, in order. */
+/* When a turn that begins now ends; DT_NOEND if the subscriptions take none. */
+static TimestampTz
+turn_end(void)
+{
+	if (!inbox_take_turns)
+		return DT_NOEND;
+	return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_inbox_turn_time);
+}
+
+/*
+ * Is the subscription's turn over before message i?  Not before its first
+ * message, nor before the message whose failure made this try guarded:
+ * each turn applies something.
+ */
+static bool
+turn_over(BatchState *st, int i)
+{
+	if (st->turn_ends_at == DT_NOEND || i == 0 ||
+		(st->guarded_from < st->batch->count && i <= st->guarded_from))
+		return false;
+	return GetCurrentTimestamp() >= st->turn_ends_at;
+}
+
+/* Leave the messages from i on for the subscription's next turn. */
+static void
+defer_from(BatchState *st, int i)
+{
+	st->deferred_from = i;
+	for (int j = i; j < st->batch->count; j++)
+		if (st->fates[j] != FATE_DUPLICATE)
+			st->fates[j] = FATE_DEFERRED;
+}
+
+/* Call the handler for each message to apply, in order, while the turn lasts. */
 static void
 call_handlers(BatchState *st, Handler *h)
 {
@@ -421,6 +641,11 @@ call_handlers(BatchState *st, Handler *h)
 	{
 		if (st->fates[i] != FATE_APPLIED)
 			continue;
+		if (turn_over(st, i))
+		{
+			defer_from(st, i);
+			break;
+		}
 		message_row(st->subscription, &st->batch->messages[i], &st->rows[i], &st->texts);
 		if (i < st->guarded_from)
 		{
@@ -428,8 +653,9 @@ call_handlers(BatchState *st, Handler *h)
 			handler_call(h, &st->rows[i]);
 			st->calling = -1;
 		}
-		else if (!handler_call_guarded(h, &st->rows[i], &st->errors[i]))
+		else if (i == st->cancelled || !handler_call_guarded(h, &st->rows[i], &st->errors[i]))
 		{
+			/* a call cancelled unguarded is not made again: it failed */
 			st->fates[i] = FATE_FAILED;
 			hold_back_behind(st, i);
 		}
@@ -505,7 +731,7 @@ advance_positions(BatchState *st)
 	InboxBatch *b = st->batch;
 	List	   *positions = NIL;
 
-	for (int i = b->count - 1; i >= 0; i--)
+	for (int i = st->deferred_from - 1; i >= 0; i--)
 	{
 		InboxMessage *m = &b->messages[i];
 		bool		known = false;
@@ -529,6 +755,31 @@ advance_positions(BatchState *st)
 	inbox_advance_positions(st->subscription, positions);
 }
 
+/*
+ * The ids of the messages left for the next turn leave inbox_received
+ * again, to be recorded with their effects: a message whose id stayed
+ * would be taken for a duplicate, at the next turn or after a crash.  A
+ * duplicate among them stays one (of a message before, or of an id that
+ * was there already).
+ */
+static void
+forget_deferred(BatchState *st)
+{
+	InboxBatch *b = st->batch;
+	int			left = b->count - st->deferred_from;
+	Datum	   *ids;
+	int			count = 0;
+
+	if (left <= 0)
+		return;
+	ids = palloc(sizeof(Datum) * left);
+	for (int i = st->deferred_from; i < b->count; i++)
+		if (st->fates[i] == FATE_DEFERRED && b->messages[i].has_message_id)
+			ids[count++] = UUIDPGetDatum(&b->messages[i].message_id);
+	if (count > 0)
+		inbox_forget_received(st->subscription, ids, count);
+}
+
 /* Record the batch: its retries and dead letters, its offsets. */
 static void
 record_batch(BatchState *st, InboxOutcome *outcome)
@@ -542,7 +793,10 @@ record_batch(BatchState *st, InboxOutcome *outcome)
 				outcome->applied++;
 				break;
 			case FATE_DUPLICATE:
-				outcome->duplicates++;
+				if (i < st->deferred_from)
+					outcome->duplicates++;
+				break;
+			case FATE_DEFERRED:
 				break;
 			case FATE_FAILED:
 				outcome->failed++;
@@ -556,7 +810,18 @@ record_batch(BatchState *st, InboxOutcome *outcome)
 				break;
 		}
 	}
+	forget_deferred(st);
 	advance_positions(st);
+}
+
+/* Message i's handler failed with edata, and is not to be called again in this batch. */
+static void
+keep_error(BatchState *st, int i, ErrorData *edata)
+{
+	st->cancelled = i;
+	st->errors[i].sqlstate = pstrdup(unpack_sql_state(edata->sqlerrcode));
+	st->errors[i].message = edata->message;
+	st->errors[i].context = edata->context;
 }
 
 /* What one try at a batch came to. */
@@ -582,6 +847,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 	for (int i = 0; i < st->batch->count; i++)
 		st->fates[i] = FATE_APPLIED;
 	st->calling = -1;
+	st->deferred_from = st->batch->count;
 	memset(&st->texts, 0, sizeof(st->texts));	/* made in the transaction's memory */
 	PG_TRY();
 	{
@@ -593,6 +859,7 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 		if (!handler_open(&h, st->subscription, &why))
 			elog(ERROR, "subscription \"%s\" cannot be applied: %s", st->subscription->name, why);
 		topic_grant_check_subscription(st->subscription);
+		consumer_convert_batch(st->batch);
 		record_received(st);
 		if (st->keys_may_be_held)
 			find_held_keys(st);
@@ -604,9 +871,12 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 	{
 		ErrorData  *edata = inbox_abort_transaction(caller);
 
+		handler_restore_session();
 		if (st->calling >= 0)
 		{
 			st->guarded_from = st->calling;
+			if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+				keep_error(st, st->calling, edata);
 			result = TRY_UNGUARDED_FAILURE;
 		}
 		else
@@ -627,6 +897,9 @@ try_batch(BatchState *st, InboxOutcome *outcome)
  * spares the look for keys held back.  Returns false if that failed for a
  * reason of the worker's own (reported): nothing of the batch is
  * committed, and the consumer is to read from the recorded offsets again.
+ * A batch whose handlers take longer than outbox.inbox_turn_time is applied
+ * in part: the batch then holds the messages left, for the subscription's
+ * next turn, after the other subscriptions had theirs.
  */
 bool
 inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch, bool keys_may_be_held,
@@ -642,9 +915,17 @@ inbox_apply_batch(const InboxSubscription *s, InboxBatch *batch, bool keys_may_b
 	st.fates = palloc(sizeof(MessageFate) * Max(batch->count, 1));
 	st.errors = palloc0(sizeof(HandlerError) * Max(batch->count, 1));
 	st.guarded_from = batch->count;
+	st.cancelled = -1;
+	st.turn_ends_at = turn_end();
 	do
 		result = try_batch(&st, outcome);
 	while (result == TRY_UNGUARDED_FAILURE);
+	if (result == TRY_COMMITTED)
+	{
+		/* what is left is the next turn's */
+		batch->messages += st.deferred_from;
+		batch->count -= st.deferred_from;
+	}
 	return result == TRY_COMMITTED;
 }
 
@@ -670,13 +951,17 @@ attempt(Handler *h, MessageRow *row, HandlerError *error)
  * inbox_retry, as does each out of attempts, for inbox_dead_letter.
  */
 static void
-settle_key(Handler *h, RetryRow *r, InboxOutcome *outcome)
+settle_key(Handler *h, RetryRow *r, InboxOutcome *outcome, TimestampTz turn_ends_at)
 {
 	const InboxSubscription *s = h->subscription;
 	HandlerError e;
 
 	for (; r != NULL; r = inbox_next_retry_of_key(s, r))
 	{
+		/* the messages left behind are due at the next turn */
+		if (turn_ends_at != DT_NOEND && outcome->applied + outcome->failed > 0 &&
+			GetCurrentTimestamp() >= turn_ends_at)
+			return;
 		if (attempt(h, &r->row, &e))
 		{
 			inbox_delete_retry(r->id);
@@ -700,7 +985,8 @@ settle_key(Handler *h, RetryRow *r, InboxOutcome *outcome)
 
 /*
  * Try the subscription's messages whose next attempt is due, each with the
- * messages of its key behind it, in one transaction.  Returns false if that
+ * messages of its key behind it, in one transaction, for at most
+ * outbox.inbox_turn_time: those left are still due at the next turn.  Returns false if that
  * failed for a reason of the worker's own (reported).
  */
 bool
@@ -708,6 +994,7 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	volatile bool done = true;
+	TimestampTz turn_ends_at = turn_end();
 
 	memset(outcome, 0, sizeof(*outcome));
 	PG_TRY();
@@ -722,13 +1009,14 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 			elog(ERROR, "subscription \"%s\" cannot be applied: %s", s->name, why);
 		topic_grant_check_subscription(s);
 		foreach(lc, inbox_due_retries(s))
-			settle_key(&h, lfirst(lc), outcome);
+			settle_key(&h, lfirst(lc), outcome, turn_ends_at);
 		inbox_commit_transaction(caller);
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata = inbox_abort_transaction(caller);
 
+		handler_restore_session();
 		worker_report_error(LOG, "could not retry messages of subscription \"%s\": %s",
 						   s->name, edata->message);
 		memset(outcome, 0, sizeof(*outcome));

@@ -14,12 +14,17 @@
  * batch is there while this one is applied.
  *
  * A message's key, header names and header values are text for the
- * handler: bytes that are not UTF-8 are given as their hex, "\x...".
+ * handler: bytes that are not UTF-8 are given as their hex, "\x...".  In
+ * a database of another encoding, they are converted to it in the batch's
+ * transaction (consumer_convert_batch()); text it cannot hold is given as
+ * the hex of its UTF-8 bytes, the same way.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "catalog/namespace.h"
+#include "common/string.h"
 #include "mb/pg_wchar.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -80,19 +85,86 @@ reading_failed(InboxConsumer *c, const char *topic)
 	c->read_error_topic = topic ? MemoryContextStrdup(c->context, topic) : NULL;
 }
 
-/* Bytes from Kafka as text of the database's encoding; see the header comment. */
+/* Bytes as their hex: "\\x" and two digits a byte. */
 static char *
-kafka_text(const char *bytes, int32 len)
+hex_text(const char *bytes, int32 len)
 {
 	StringInfoData hex;
 
-	if (pg_verify_mbstr(PG_UTF8, bytes, len, true))
-		return pg_any_to_server(pnstrdup(bytes, len), len, PG_UTF8);
 	initStringInfo(&hex);
 	appendStringInfoString(&hex, "\\x");
 	for (int i = 0; i < len; i++)
 		appendStringInfo(&hex, "%02x", (unsigned char) bytes[i]);
 	return hex.data;
+}
+
+/*
+ * Bytes from Kafka as text: as they are if they are UTF-8 (converted later,
+ * in a transaction, if the database has another encoding), else their hex;
+ * see the header comment.
+ */
+static char *
+kafka_text(const char *bytes, int32 len)
+{
+	if (pg_verify_mbstr(PG_UTF8, bytes, len, true))
+		return pnstrdup(bytes, len);
+	return hex_text(bytes, len);
+}
+
+/*
+ * UTF-8 text in the database's encoding, by the conversion proc; the hex of
+ * its bytes if there is no conversion, or the encoding cannot hold it.
+ */
+static char *
+server_text(Oid proc, char *utf8)
+{
+	int			len;
+	int			size;
+	char	   *converted;
+
+	if (utf8 == NULL || pg_is_ascii(utf8))
+		return utf8;			/* every server encoding holds ASCII as it is */
+	len = strlen(utf8);
+	if (!OidIsValid(proc))
+		return hex_text(utf8, len);
+	size = len * MAX_CONVERSION_GROWTH + 1;
+	converted = palloc(size);
+	if (pg_do_encoding_conversion_buf(proc, PG_UTF8, GetDatabaseEncoding(),
+									  (unsigned char *) utf8, len,
+									  (unsigned char *) converted, size, true) < len)
+		return hex_text(utf8, len);
+	return converted;
+}
+
+/*
+ * Convert the keys, header names and header values of a batch, UTF-8 as
+ * they came, to the database's encoding, once.  In a transaction: the
+ * conversion is looked up in the catalog.  A database of encoding SQL_ASCII
+ * takes them as they are, as it takes a client's text.
+ */
+void
+consumer_convert_batch(InboxBatch *b)
+{
+	MemoryContext caller;
+	Oid			proc;
+
+	if (!b->texts_in_utf8)
+		return;
+	caller = MemoryContextSwitchTo(b->context);
+	proc = FindDefaultConversionProc(PG_UTF8, GetDatabaseEncoding());
+	for (int i = 0; i < b->count; i++)
+	{
+		InboxMessage *m = &b->messages[i];
+
+		m->key = server_text(proc, m->key);
+		for (int h = 0; h < m->header_count; h++)
+		{
+			m->header_names[h] = server_text(proc, m->header_names[h]);
+			m->header_values[h] = server_text(proc, m->header_values[h]);
+		}
+	}
+	b->texts_in_utf8 = false;
+	MemoryContextSwitchTo(caller);
 }
 
 /* A canonical UUID (8-4-4-4-12 hex digits), as the outbox writes one; false if not. */
@@ -209,6 +281,7 @@ handle_messages(InboxConsumer *c, WireReader *r)
 	InboxBatch *b = palloc0(sizeof(InboxBatch));
 
 	b->context = context;
+	b->texts_in_utf8 = GetDatabaseEncoding() != PG_UTF8 && GetDatabaseEncoding() != PG_SQL_ASCII;
 	b->count = wire_u32(r);
 	b->messages = palloc(sizeof(InboxMessage) * Max(b->count, 1));
 	for (int i = 0; i < b->count && !r->failed; i++)

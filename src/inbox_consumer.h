@@ -24,5 +24,6 @@ extern void consumer_fetch(InboxConsumer *c, int max_messages, int max_bytes);
 extern void consumer_serve(InboxConsumer *c);
 extern InboxBatch *consumer_take_batch(InboxConsumer *c);
 extern List *consumer_take_assigned(InboxConsumer *c);
+extern void consumer_convert_batch(InboxBatch *b);
 
 #endif							/* OUTBOX_INBOX_CONSUMER_H */

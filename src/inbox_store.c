@@ -66,6 +66,7 @@ typedef enum InboxStatement
 	STMT_DEAD_LETTER,
 	STMT_NEXT_RETRY,
 	STMT_FORGET_IDS,
+	STMT_FORGET_RECEIVED,
 	STMT_COUNT
 } InboxStatement;
 
@@ -261,6 +262,14 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"         ($1::pg_catalog.float8 OPERATOR(pg_catalog.*) interval '1 second'))"
 		"   LIMIT $2))",
 		2, {INT4OID, INT4OID}, PLAN_EACH_TIME
+	},
+	/* the ids of messages left for the subscription's next turn (inbox_apply.c) */
+	[STMT_FORGET_RECEIVED] = {
+		"forget the ids of messages left for later",
+		"DELETE FROM %1$s.inbox_received"
+		" WHERE subscription OPERATOR(pg_catalog.=) $1"
+		"   AND message_id OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.uuid[])",
+		2, {TEXTOID, UUIDARRAYOID}, PLAN_ONCE
 	},
 };
 
@@ -627,6 +636,17 @@ inbox_insert_received(const InboxSubscription *s, Datum *ids, int count,
 													   SPI_tuptable->tupdesc, 1, &isnull));
 	}
 	return false;
+}
+
+/* Forget the ids received of messages not applied yet (in this transaction). */
+void
+inbox_forget_received(const InboxSubscription *s, Datum *ids, int count)
+{
+	Datum		args[2];
+
+	args[0] = CStringGetTextDatum(s->name);
+	args[1] = statement_array(ids, count, UUIDOID);
+	run(STMT_FORGET_RECEIVED, args, NULL, SPI_OK_DELETE);
 }
 
 /*

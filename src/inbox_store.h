@@ -68,6 +68,7 @@ extern ErrorData *inbox_abort_transaction(MemoryContext caller);
 /* Inside such a transaction. */
 extern bool inbox_insert_received(const InboxSubscription *s, Datum *ids, int count,
 								  pg_uuid_t ***inserted, uint64 *inserted_count);
+extern void inbox_forget_received(const InboxSubscription *s, Datum *ids, int count);
 extern List *inbox_held_keys(const InboxSubscription *s, char **topics, char **keys,
 							 int count);
 extern void inbox_advance_positions(const InboxSubscription *s, List *positions);

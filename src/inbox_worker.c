@@ -19,6 +19,15 @@
  * its database has no subscription left, when the extension is not there,
  * and when the launcher hands its slot out again.
  *
+ * Each subscription's batch is applied for one turn (inbox_apply.c ends it
+ * after outbox.inbox_turn_time); what is left of it waits in memory for the
+ * subscription's next turn, after the others had theirs.  SIGTERM (a
+ * shutdown, pg_terminate_backend(), DROP DATABASE ... WITH (FORCE)) ends
+ * the worker as it ends a backend, with a FATAL at the next interrupt
+ * check, which no handler can catch: the batch's transaction rolls back,
+ * and its Kafka processes, whose sockets close, end too.  SIGINT cancels the
+ * handler call under way.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -31,6 +40,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "tcop/tcopprot.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -68,6 +78,18 @@
 
 extern PGDLLEXPORT void outbox_inbox_main(Datum main_arg);
 
+/*
+ * SIGINT: cancel the handler's call that runs, as pg_cancel_backend() does
+ * a backend's statement; inbox_apply.c keeps it cancelled until the call
+ * ends.
+ */
+static void
+cancel_handler_call(SIGNAL_ARGS)
+{
+	inbox_call_cancelled = true;
+	StatementCancelHandler(postgres_signal_arg);
+}
+
 /* A subscription and what the worker runs for it. */
 typedef struct Subscriber
 {
@@ -88,6 +110,9 @@ typedef struct Subscriber
 	uint64		start_error_mark;
 	uint64		apply_error_mark;
 	uint64		retry_error_mark;
+
+	/* what is left of a batch whose turn ended (inbox_apply_batch()), or NULL */
+	InboxBatch *left;
 } Subscriber;
 
 static List *subscribers = NIL;
@@ -118,9 +143,19 @@ same_subscription(const InboxSubscription *a, const InboxSubscription *b)
 		a->created_at == b->created_at && strcmp(a->search_path, b->search_path) == 0;
 }
 
+/* Drop what was left of a batch: it is read again from the recorded offsets. */
+static void
+drop_left(Subscriber *sub)
+{
+	if (sub->left)
+		MemoryContextDelete(sub->left->context);
+	sub->left = NULL;
+}
+
 static void
 stop_consumer(Subscriber *sub, long pause_ms)
 {
+	drop_left(sub);
 	if (sub->consumer)
 		consumer_stop(sub->consumer);
 	sub->consumer = NULL;
@@ -255,6 +290,8 @@ time_to_next_event(void)
 	{
 		Subscriber *sub = lfirst(lc);
 
+		if (sub->left)
+			next = now;
 		if (sub->consumer == NULL)
 			next = Min(next, sub->start_after);
 		if (sub->next_retry_at != DT_NOEND)
@@ -281,7 +318,7 @@ wait_for_batches(void)
 	{
 		Subscriber *sub = lfirst(lc);
 
-		if (sub->consumer == NULL)
+		if (sub->consumer == NULL || sub->left)
 			continue;
 		consumer_fetch(sub->consumer, outbox_inbox_batch_size, outbox_max_batch_kb * 1024);
 		if (consumer_alive(sub->consumer))
@@ -334,7 +371,8 @@ count_outcome(const InboxOutcome *outcome, Subscriber *sub)
 
 /*
  * Read what each consumer sent: record the partitions it was assigned,
- * apply its batch.  A batch that could not be applied (nothing of it is
+ * apply its batch, or what was left of its last one, for one turn (at most
+ * outbox.inbox_turn_time of its handlers' time, and one call).  A batch that could not be applied (nothing of it is
  * committed) stops the consumer, to read from the recorded offsets again.
  */
 static void
@@ -357,7 +395,9 @@ apply_batches(void)
 			inbox_record_positions(sub->subscription, assigned);
 			clear_error(&sub->start_error_mark);
 		}
-		if ((batch = consumer_take_batch(sub->consumer)) == NULL)
+		batch = sub->left ? sub->left : consumer_take_batch(sub->consumer);
+		sub->left = NULL;
+		if (batch == NULL)
 			continue;
 		inbox_report_state(INBOX_APPLYING);
 		if (sub->next_retry_at == 0)
@@ -368,8 +408,16 @@ apply_batches(void)
 		{
 			sub->apply_error_mark = worker_error_mark();
 			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
+			batch->count = 0;
 		}
-		MemoryContextDelete(batch->context);
+		if (batch->count > 0)
+		{
+			/* its turn ended: the rest at its next, past the loop's memory */
+			MemoryContextSetParent(batch->context, sub->context);
+			sub->left = batch;
+		}
+		else
+			MemoryContextDelete(batch->context);
 	}
 }
 
@@ -467,7 +515,8 @@ outbox_inbox_main(Datum main_arg)
 	ListCell   *lc;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	pqsignal(SIGTERM, die);
+	pqsignal(SIGINT, cancel_handler_call);
 	BackgroundWorkerUnblockSignals();
 
 	database = inbox_attach(main_arg);
@@ -487,8 +536,9 @@ outbox_inbox_main(Datum main_arg)
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox inbox loop",
 										 ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(loop_context);
-	while (!ShutdownRequestPending && inbox_slot_still_mine())
+	while (inbox_slot_still_mine())
 	{
+		QueryCancelPending = false; /* a cancel between calls has nothing to cancel */
 		CHECK_FOR_INTERRUPTS();
 		if (settings_reload_if_asked())
 			forget_at = 0;		/* outbox.inbox_dedup_retention may have changed */
@@ -496,6 +546,7 @@ outbox_inbox_main(Datum main_arg)
 		if (!have_subscriptions())
 			break;
 		start_consumers();
+		inbox_take_turns = list_length(subscribers) > 1;
 		inbox_report_state(INBOX_IDLE);
 		wait_for_batches();
 		apply_batches();

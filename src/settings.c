@@ -83,6 +83,15 @@ int			outbox_max_subscriptions = DEFAULT_MAX_SUBSCRIPTIONS;
 int			outbox_max_delay = DEFAULT_MAX_DELAY_S;
 
 /*
+ * How long one handler call may run, and one subscription's turn at the
+ * inbox worker (define_inbox_limit_settings()).
+ */
+#define DEFAULT_INBOX_HANDLER_TIMEOUT_MS (30 * 1000)
+#define DEFAULT_INBOX_TURN_TIME_MS 100
+int			outbox_inbox_handler_timeout = DEFAULT_INBOX_HANDLER_TIMEOUT_MS;
+int			outbox_inbox_turn_time = DEFAULT_INBOX_TURN_TIME_MS;
+
+/*
  * The mask SHOW puts on every value of outbox.kafka_properties, and that
  * settings_scrub_secrets() puts on them in librdkafka's texts.
  */
@@ -281,6 +290,35 @@ define_publisher_loop_settings(void)
 							   check_standby_slot_list, NULL, NULL);
 }
 
+/*
+ * What bounds one subscription's hold on the inbox worker, which applies
+ * every subscription of its database in turn.  A handler call of half a
+ * minute is far past any per-message work a handler should do in the
+ * transaction of a batch, and short enough that a stuck handler costs its
+ * subscription a retry, not the database its inbox.  A turn of 100 ms is
+ * never reached by a batch of quick handlers (5000 messages at 75,000 a
+ * second take 67 ms), and keeps every other subscription's wait for a slow
+ * one near it.
+ */
+static void
+define_inbox_limit_settings(void)
+{
+	DefineCustomIntVariable("outbox.inbox_handler_timeout",
+							"Longest a handler may take over one message before the call is cancelled and the message failed.",
+							"The cancel cannot be caught: every statement of the call raises it again. 0 turns the limit off.",
+							&outbox_inbox_handler_timeout,
+							DEFAULT_INBOX_HANDLER_TIMEOUT_MS, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_turn_time",
+							"How long the inbox worker applies one subscription's messages before it turns to the next subscription, when its database has more than one.",
+							"The rest of the batch is applied at the subscription's next turn. At least one message is applied per turn.",
+							&outbox_inbox_turn_time,
+							DEFAULT_INBOX_TURN_TIME_MS, 1, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+}
+
 /* The inbox worker's batches and how long it remembers the ids received. */
 static void
 define_inbox_settings(void)
@@ -375,6 +413,7 @@ define_settings(void)
 	define_retry_settings();
 	define_publisher_loop_settings();
 	define_inbox_settings();
+	define_inbox_limit_settings();
 	define_trace_settings();
 	define_delay_settings();
 	MarkGUCPrefixReserved("outbox");

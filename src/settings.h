@@ -30,6 +30,8 @@ extern int	outbox_inbox_batch_size;
 extern int	outbox_inbox_dedup_retention;
 extern int	outbox_max_delay;
 extern int	outbox_max_subscriptions;
+extern int	outbox_inbox_handler_timeout;
+extern int	outbox_inbox_turn_time;
 
 /* One name=value item of outbox.kafka_properties. */
 typedef struct KafkaProperty

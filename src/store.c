@@ -23,6 +23,7 @@
 #include "catalog/pg_type.h"
 #include "storage/lmgr.h"
 #include "executor/spi.h"
+#include "mb/pg_wchar.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -306,6 +307,50 @@ run(StoreStatement stmt, Datum *args, int expected)
 }
 
 
+/*
+ * Kafka's keys and headers are UTF-8 text, whatever the database's
+ * encoding: the claim converts them, in its transaction (a conversion is
+ * looked up in the catalog).  A database of encoding UTF-8 or SQL_ASCII
+ * sends its bytes as they are.
+ */
+static bool
+texts_to_convert(void)
+{
+	return GetDatabaseEncoding() != PG_UTF8 && GetDatabaseEncoding() != PG_SQL_ASCII;
+}
+
+/* A string of the database's encoding as UTF-8: a jsonb string value. */
+static void
+jsonb_string_to_utf8(JsonbValue *v)
+{
+	char	   *utf8 = pg_server_to_any(v->val.string.val, v->val.string.len, PG_UTF8);
+
+	if (utf8 != v->val.string.val)
+	{
+		v->val.string.val = utf8;
+		v->val.string.len = strlen(utf8);
+	}
+}
+
+/* The headers, an object of strings (or nulls), with UTF-8 names and values. */
+static Jsonb *
+headers_to_utf8(Jsonb *headers)
+{
+	JsonbParseState *state = NULL;
+	JsonbIterator *it = JsonbIteratorInit(&headers->root);
+	JsonbValue	v;
+	JsonbValue *result = NULL;
+	JsonbIteratorToken token;
+
+	while ((token = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		if ((token == WJB_KEY || token == WJB_VALUE) && v.type == jbvString)
+			jsonb_string_to_utf8(&v);
+		result = pushJsonbValue(&state, token, token < WJB_BEGIN_ARRAY ? &v : NULL);
+	}
+	return JsonbValueToJsonb(result);
+}
+
 /* Copy one row of the claim's result into m, in the current memory context. */
 static void
 copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
@@ -322,6 +367,8 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	m->topic = TextDatumGetCString(SPI_getbinval(tuple, desc, Anum_claimed_topic, &isnull));
 	d = SPI_getbinval(tuple, desc, Anum_claimed_key, &isnull);
 	m->key = isnull ? NULL : TextDatumGetCString(d);
+	if (m->key && texts_to_convert())
+		m->key = pg_server_to_any(m->key, strlen(m->key), PG_UTF8);
 	d = SPI_getbinval(tuple, desc, Anum_claimed_payload, &isnull);
 	if (!isnull)				/* NULL: a tombstone */
 	{
@@ -331,6 +378,8 @@ copy_claimed_row(HeapTuple tuple, TupleDesc desc, OutboxMessage *m)
 	}
 	d = SPI_getbinval(tuple, desc, Anum_claimed_headers, &isnull);
 	m->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
+	if (m->headers && texts_to_convert())
+		m->headers = headers_to_utf8(m->headers);
 	created_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, Anum_claimed_created_at, &isnull));
 	m->timestamp_ms = unix_epoch_ms(created_at);
 	m->attempts = DatumGetInt32(SPI_getbinval(tuple, desc, Anum_claimed_attempts, &isnull));

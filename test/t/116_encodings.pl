@@ -1,0 +1,79 @@
+# A database whose encoding is not UTF-8 (LATIN1) publishes and consumes.
+# Kafka's keys and headers are UTF-8 text: the publisher sends them so, and
+# the inbox converts what it reads to the database's encoding; a key or
+# header that LATIN1 cannot hold reaches the handler as the hex of its
+# UTF-8 bytes ("\x..."), as bytes that are not UTF-8 do.  The inbox worker
+# never stops over it.
+use strict;
+use warnings;
+
+use OutboxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = outbox_node('encodings');
+$node->safe_psql('postgres', q{
+	CREATE DATABASE latin ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
+$node->safe_psql('latin', 'CREATE EXTENSION outbox');
+
+my $topic = unique_topic('latin');
+kafka_admin('create-topic', $topic, '--partitions', '1');
+
+# Every text here is given with escapes, whatever the client's encoding.
+$node->safe_psql('latin', qq{
+	CREATE ROLE latin_svc;
+	CREATE TABLE got (seq bigserial PRIMARY KEY, key_hex text, headers_hex text, payload bytea);
+	GRANT INSERT ON got TO latin_svc;
+	GRANT USAGE ON SEQUENCE got_seq_seq TO latin_svc;
+	CREATE FUNCTION take(m inbox_message) RETURNS void LANGUAGE sql AS \$\$
+	    INSERT INTO got (key_hex, headers_hex, payload)
+	    VALUES (encode(convert_to(m.key, 'LATIN1'), 'hex'),
+	            encode(convert_to((m.headers - 'outbox-message-id')::text, 'LATIN1'), 'hex'),
+	            m.payload)
+	\$\$;
+	GRANT EXECUTE ON FUNCTION take(inbox_message) TO latin_svc;
+	SELECT inbox_subscribe('latin', ARRAY['$topic'], 'take(inbox_message)', run_as => 'latin_svc');
+});
+my $worker_pid_query =
+  "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox' AND datname = 'latin'";
+ok($node->poll_query_until('latin', "SELECT count(*) = 1 FROM ($worker_pid_query) w"),
+	'an inbox worker serves the LATIN1 database');
+my $worker_pid = $node->safe_psql('latin', $worker_pid_query);
+
+# Published from the LATIN1 database: key "café", header h = "naïve".
+$node->safe_psql('latin', qq{
+	SELECT outbox_enqueue('$topic', '{"n": 1}'::jsonb, U&'caf\\00E9',
+	                      jsonb_build_object('h', U&'na\\00EFve'))});
+my $records = consume_topics(topics => [$topic], expect => 1);
+is(scalar(@$records), 1, 'the LATIN1 database publishes');
+my ($record) = @$records;
+# consume.py gives text it read as UTF-8 as JSON strings: back to its bytes
+my $key = $record->{key} // '';
+my ($h) = map { $_->[1] } grep { $_->[0] eq 'h' } @{ $record->{headers} };
+$h //= '';
+utf8::encode($_) for $key, $h;
+is(unpack('H*', $key), unpack('H*', "caf\xc3\xa9"), 'its key reaches Kafka as UTF-8');
+is(unpack('H*', $h), unpack('H*', "na\xc3\xafve"), 'and its header values too');
+ok(wait_for_query($node, 'SELECT count(*) FROM got', '1', 60, 'latin'),
+	'the inbox of the LATIN1 database applies it');
+is($node->safe_psql('latin', 'SELECT key_hex FROM got WHERE seq = 1'), unpack('H*', "caf\xe9"),
+	'the handler gets the key in LATIN1');
+is($node->safe_psql('latin', 'SELECT headers_hex FROM got WHERE seq = 1'),
+	unpack('H*', qq({"h": "na\xefve"})), 'and the header');
+
+# From another producer: UTF-8 text that LATIN1 holds, and a snowman that it does not.
+kafka_admin('produce', $topic, '--key', "\xc3\xa9t\xc3\xa9", '--value-hex', '01',
+	'--header', "h=\xe2\x98\x83");
+kafka_admin('produce', $topic, '--key', "snow\xe2\x98\x83", '--value-hex', '02');
+ok(wait_for_query($node, 'SELECT count(*) FROM got', '3', 60, 'latin'),
+	'messages with text LATIN1 cannot hold are applied');
+is($node->safe_psql('latin', q{SELECT key_hex FROM got WHERE payload = '\x01'}), unpack('H*', "\xe9t\xe9"),
+	'a UTF-8 key LATIN1 holds is converted');
+is($node->safe_psql('latin', q{SELECT convert_from(decode(headers_hex, 'hex'), 'LATIN1') FROM got WHERE payload = '\x01'}),
+	'{"h": "\\\\xe29883"}', 'a header value LATIN1 cannot hold comes as the hex of its UTF-8 bytes');
+is($node->safe_psql('latin', q{SELECT convert_from(decode(key_hex, 'hex'), 'LATIN1') FROM got WHERE payload = '\x02'}),
+	'\\x736e6f77e29883', 'and so does such a key');
+is($node->safe_psql('latin', $worker_pid_query), $worker_pid, 'the inbox worker never stopped (same pid)');
+is($node->safe_psql('latin', 'SELECT count(*) FROM inbox_dead_letter'), '0', 'no dead letter');
+
+done_testing();
