@@ -281,6 +281,37 @@ check_room_for_a_subscription(void)
 				 errhint("Unsubscribe one that is no longer needed, or have a superuser raise outbox.max_subscriptions (each subscription runs a Kafka consumer process of its own).")));
 }
 
+/*
+ * Insert a subscription's row (inbox_subscribe()'s nine values: a schema
+ * before 0.8.0 takes the first seven), unless its name is taken or the
+ * database has all the subscriptions it may.
+ */
+static void
+insert_subscription(Oid *types, Datum *values, const char *nulls)
+{
+	SPI_connect();
+	if (run_as_owner("SELECT FROM %s.inbox_subscription WHERE name OPERATOR(pg_catalog.=) $1",
+					 1, types, values, nulls) == SPI_OK_SELECT && SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("inbox subscription \"%s\" already exists",
+						TextDatumGetCString(values[0]))));
+	check_room_for_a_subscription();
+	if (schema_binds_handlers())
+		run_as_owner("INSERT INTO %s.inbox_subscription"
+					 " (name, topics, handler, run_as, max_attempts, start_from, search_path,"
+					 "  handler_oid, subscribed_by)"
+					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7,"
+					 "         $8, $9::pg_catalog.regrole)",
+					 9, types, values, nulls);
+	else
+		run_as_owner("INSERT INTO %s.inbox_subscription"
+					 " (name, topics, handler, run_as, max_attempts, start_from, search_path)"
+					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7)",
+					 7, types, values, nulls);
+	SPI_finish();
+}
+
 Datum
 inbox_subscribe(PG_FUNCTION_ARGS)
 {
@@ -326,26 +357,7 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	values[7] = ObjectIdGetDatum(handler);
 	values[8] = ObjectIdGetDatum(GetUserId());
 
-	SPI_connect();
-	if (run_as_owner("SELECT FROM %s.inbox_subscription WHERE name OPERATOR(pg_catalog.=) $1",
-					 1, types, values, nulls) == SPI_OK_SELECT && SPI_processed > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_DUPLICATE_OBJECT),
-				 errmsg("inbox subscription \"%s\" already exists", text_to_cstring(name))));
-	check_room_for_a_subscription();
-	if (schema_binds_handlers())
-		run_as_owner("INSERT INTO %s.inbox_subscription"
-					 " (name, topics, handler, run_as, max_attempts, start_from, search_path,"
-					 "  handler_oid, subscribed_by)"
-					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7,"
-					 "         $8, $9::pg_catalog.regrole)",
-					 9, types, values, nulls);
-	else
-		run_as_owner("INSERT INTO %s.inbox_subscription"
-					 " (name, topics, handler, run_as, max_attempts, start_from, search_path)"
-					 " VALUES ($1, $2, $3, $4::pg_catalog.regrole, $5, $6, $7)",
-					 7, types, values, nulls);
-	SPI_finish();
+	insert_subscription(types, values, nulls);
 	tell_inbox_at_commit_of_this_transaction();
 	PG_RETURN_VOID();
 }
