@@ -116,7 +116,7 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10")
+PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10", "B11")
 # B10: small business transactions, each one keyed outbox_enqueue() of a key
 # of its own, one after another (a pause of "pause" seconds between them)
 # for "seconds"; first with nothing else open, then while a bulk transaction
@@ -1830,6 +1830,17 @@ class Bench:
                 (B10["topic"],)) == 0, 300)
         self.results["b10"] = {"runs": result, "bulk": bulk}
 
+    # B11 ---------------------------------------------------------------------
+
+    def b11(self):
+        """handler_hog.py, on this database and broker: its report, as printed."""
+        self.clean()
+        hog = subprocess.run([sys.executable, os.path.join(HERE, "handler_hog.py"), "--dsn", self.db.dsn,
+                              "--brokers", self.kafka.brokers], capture_output=True, text=True)
+        if hog.returncode != 0:
+            raise Broken(f"B11: handler_hog.py failed: {hog.stderr.strip() or hog.stdout.strip()}")
+        self.results["b11"] = hog.stdout.strip().splitlines()
+
     def b10_report(self, b10):
         runs, bulk = b10["runs"], b10["bulk"]
         alone, beside = runs["alone"], runs["beside the bulk transaction"]
@@ -2141,6 +2152,8 @@ class Bench:
         b10 = self.results.get("b10")
         if b10:
             out += self.b10_report(b10)
+        if self.results.get("b11"):
+            out += [""] + self.results["b11"]
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -2361,7 +2374,8 @@ def main():
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7),
             "B8": ("B8 end to end", bench.b8), "B8BG": ("B8BG end to end under background activity", bench.b8bg),
             "B9": ("B9 consume", bench.b9),
-            "B10": ("B10 enqueue beside a bulk transaction", bench.b10)}
+            "B10": ("B10 enqueue beside a bulk transaction", bench.b10),
+            "B11": ("B11 a slow handler beside another subscription", bench.b11)}
     chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
     try:
         for part in PARTS:

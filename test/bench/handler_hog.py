@@ -98,7 +98,7 @@ def main():
     args = ap.parse_args()
 
     suffix = uuid.uuid4().hex[:8]
-    peer_topic, hog_topic = f"bench.b10.peer.{suffix}", f"bench.b10.hog.{suffix}"
+    peer_topic, hog_topic = f"bench.b11.peer.{suffix}", f"bench.b11.hog.{suffix}"
     admin = AdminClient({"bootstrap.servers": args.brokers})
     for f in admin.create_topics([NewTopic(t, 1, 1) for t in (peer_topic, hog_topic)]).values():
         f.result()
@@ -110,8 +110,9 @@ def main():
                 " (SELECT setting::int FROM pg_settings WHERE name = 'outbox.inbox_turn_time')")
     turn, timeout, turn_ms = cur.fetchone()
     bound_ms = 2 * (turn_ms + HOG_CALL_S * 1000)
-    for name, topic, handler in (("b10_peer", peer_topic, "bench_peer"), ("b10_hog", hog_topic, "bench_hog")):
+    for name, topic, handler in (("b11_peer", peer_topic, "bench_peer"), ("b11_hog", hog_topic, "bench_hog")):
         cur.execute("SELECT inbox_unsubscribe(name, true) FROM inbox_subscription WHERE name = %s", (name,))
+        cur.execute("SELECT outbox_grant_topic('hog_bench', %s, 'subscribe')", (topic,))
         cur.execute("SELECT inbox_subscribe(%s, ARRAY[%s], %s::regprocedure, run_as => 'hog_bench')",
                     (name, topic, f"{handler}(inbox_message)"))
 
@@ -131,11 +132,11 @@ def main():
         hog.join()
     cur.execute("SELECT count(*) FROM hog_applied")
     hog_applied = cur.fetchone()[0]
-    for name in ("b10_hog", "b10_peer"):
+    for name in ("b11_hog", "b11_peer"):
         cur.execute("SELECT inbox_unsubscribe(%s, true)", (name,))
     conn.close()
 
-    print(f"\nB10: another subscription's commit-to-applied latency while one handler hogs"
+    print(f"\nB11: another subscription's commit-to-applied latency while one handler hogs"
           f" (outbox.inbox_turn_time = {turn}, outbox.inbox_handler_timeout = {timeout})")
     print(f"{'phase':<28} {'messages':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for label, r in (("peer alone", quiet), (f"peer beside a {HOG_CALL_S * 1000:.0f} ms handler", hogged)):

@@ -102,7 +102,9 @@ $node->safe_psql('app', q{
 	GRANT EXECUTE ON FUNCTION handle_b(inbox_message) TO svc_b;
 });
 $node->safe_psql('app', qq{
+	SELECT outbox_grant_topic('svc_a', '$topic_a', 'subscribe');
 	SELECT inbox_subscribe('a', ARRAY['$topic_a'], 'handle_a(inbox_message)', run_as => 'svc_a');
+	SELECT outbox_grant_topic('svc_b', '$topic_b', 'subscribe');
 	SELECT inbox_subscribe('b', ARRAY['$topic_b'], 'handle_b(inbox_message)', run_as => 'svc_b');
 });
 
@@ -237,6 +239,7 @@ $node->safe_psql('doomed', qq{
 	CREATE ROLE svc_d;
 	CREATE FUNCTION sleepy(m inbox_message) RETURNS void LANGUAGE sql AS 'SELECT pg_sleep(40)';
 	GRANT EXECUTE ON FUNCTION sleepy(inbox_message) TO svc_d;
+	SELECT outbox_grant_topic('svc_d', '$topic_d', 'subscribe');
 	SELECT inbox_subscribe('d', ARRAY['$topic_d'], 'sleepy(inbox_message)', run_as => 'svc_d');
 });
 enqueue($topic_d, 'sleep');

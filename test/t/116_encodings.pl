@@ -32,6 +32,7 @@ $node->safe_psql('latin', qq{
 	            m.payload)
 	\$\$;
 	GRANT EXECUTE ON FUNCTION take(inbox_message) TO latin_svc;
+	SELECT outbox_grant_topic('latin_svc', '$topic', 'subscribe');
 	SELECT inbox_subscribe('latin', ARRAY['$topic'], 'take(inbox_message)', run_as => 'latin_svc');
 });
 my $worker_pid_query =
