@@ -184,6 +184,22 @@ handler_open(Handler *h, const InboxSubscription *s, char **why)
 }
 
 /*
+ * Get the handler ready, in the batch's transaction, or raise the error
+ * that leaves the batch unapplied (its messages read again later) and that
+ * inbox_worker.last_error then shows: a right revoked (the handler's, or a
+ * topic's grant), the handler dropped.
+ */
+static void
+handler_open_or_wait(Handler *h, const InboxSubscription *s)
+{
+	char	   *why;
+
+	if (!handler_open(h, s, &why))
+		elog(ERROR, "subscription \"%s\" cannot be applied: %s", s->name, why);
+	topic_grant_check_subscription(s);
+}
+
+/*
  * Become the subscription's role, in a security-restricted operation, with
  * its search_path; every setting a handler changes from here on is put
  * back by handler_leave().  The session user becomes the role too, and
@@ -852,13 +868,10 @@ try_batch(BatchState *st, InboxOutcome *outcome)
 	PG_TRY();
 	{
 		Handler		h;
-		char	   *why;
 
 		if (!inbox_begin_transaction())
 			elog(ERROR, "the extension is not there");
-		if (!handler_open(&h, st->subscription, &why))
-			elog(ERROR, "subscription \"%s\" cannot be applied: %s", st->subscription->name, why);
-		topic_grant_check_subscription(st->subscription);
+		handler_open_or_wait(&h, st->subscription);
 		consumer_convert_batch(st->batch);
 		record_received(st);
 		if (st->keys_may_be_held)
@@ -1000,14 +1013,11 @@ inbox_apply_due_retries(const InboxSubscription *s, InboxOutcome *outcome)
 	PG_TRY();
 	{
 		Handler		h;
-		char	   *why;
 		ListCell   *lc;
 
 		if (!inbox_begin_transaction())
 			elog(ERROR, "the extension is not there");
-		if (!handler_open(&h, s, &why))
-			elog(ERROR, "subscription \"%s\" cannot be applied: %s", s->name, why);
-		topic_grant_check_subscription(s);
+		handler_open_or_wait(&h, s);
 		foreach(lc, inbox_due_retries(s))
 			settle_key(&h, lfirst(lc), outcome, turn_ends_at);
 		inbox_commit_transaction(caller);
