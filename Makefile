@@ -1,5 +1,7 @@
 # outbox: PGXS build.  `make && make install` builds against the PostgreSQL
-# found by pg_config and the system's librdkafka.
+# whose pg_config is found (or named: PG_CONFIG=/path/to/pg_config, any
+# major from 15 to 19) and the librdkafka pkg-config finds (another build:
+# PKG_CONFIG_PATH=<its prefix>/lib/pkgconfig).
 
 EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
@@ -51,9 +53,20 @@ KAFKA_PROCESS = src/outbox_kafka
 KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c src/kafka_consume.c
 EXTRA_CLEAN = $(KAFKA_PROCESS)
 
-PG_CPPFLAGS = -I$(srcdir)/src
+# librdkafka as pkg-config describes it, else the system's.  A build outside
+# the linker's own directories is found again at run time through an rpath.
+RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
+RDKAFKA_LIBDIR := $(shell pkg-config --variable=libdir rdkafka 2>/dev/null)
+RDKAFKA_LIBS := $(or $(shell pkg-config --libs rdkafka 2>/dev/null),-lrdkafka)
+ifneq ($(RDKAFKA_LIBDIR),)
+ifeq ($(filter /usr/lib%,$(RDKAFKA_LIBDIR)),)
+RDKAFKA_LIBS += -Wl,-rpath,$(RDKAFKA_LIBDIR)
+endif
+endif
+
+PG_CPPFLAGS = -I$(srcdir)/src $(RDKAFKA_CFLAGS)
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
-SHLIB_LINK = -lrdkafka
+SHLIB_LINK = $(RDKAFKA_LIBS)
 
 # Tests.  `make installcheck` needs the extension installed (`make install`)
 # and no Kafka broker; `make installcheck-kafka` needs a broker as well.
@@ -103,7 +116,7 @@ all: $(KAFKA_PROCESS)
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
 
 $(KAFKA_PROCESS): $(KAFKA_PROCESS_SRCS) src/kafka_process.h src/kafka_wire.h
-	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src -o $@ $(KAFKA_PROCESS_SRCS) -lrdkafka
+	$(CC) $(CFLAGS) $(PG_CFLAGS) -I$(srcdir)/src $(RDKAFKA_CFLAGS) -o $@ $(KAFKA_PROCESS_SRCS) $(RDKAFKA_LIBS)
 
 install: install-kafka-process
 

@@ -61,6 +61,7 @@
 
 #include "capture.h"
 #include "enqueue.h"
+#include "pg_compat.h"
 #include "topic_grant.h"
 #include "statements.h"
 
@@ -133,7 +134,7 @@ open_table_to_capture(Oid relid, const CaptureExtension *e, const char *function
 	char		kind;
 
 	/* before the lock, which would hold off the owner's writes */
-	if (!pg_class_ownercheck(relid, GetUserId()))
+	if (!object_ownercheck(RelationRelationId, relid, GetUserId()))
 		aclcheck_error(ACLCHECK_NOT_OWNER, OBJECT_TABLE, get_rel_name(relid));
 	rel = relation_open(relid, ShareRowExclusiveLock);
 	name = RelationGetRelationName(rel);

@@ -45,6 +45,7 @@
 
 #include "capture.h"
 #include "message.h"
+#include "pg_compat.h"
 #include "trace_context.h"
 
 /* A column's value in the inserted row. */
@@ -100,7 +101,8 @@ append_base64(StringInfo out, bytea *bytes)
 	int			encoded_len = pg_b64_enc_len(len);
 	char	   *encoded = palloc(encoded_len + 1);
 
-	encoded_len = pg_b64_encode(VARDATA_ANY(bytes), len, encoded, encoded_len);
+	/* void: 18 takes the bytes as uint8, earlier majors as char */
+	encoded_len = pg_b64_encode((const void *) VARDATA_ANY(bytes), len, encoded, encoded_len);
 	if (encoded_len < 0)
 		elog(ERROR, "outbox: could not encode a bytea value as base64");
 	appendBinaryStringInfo(out, encoded, encoded_len);
@@ -114,7 +116,7 @@ is_json_document(const char *text)
 
 	if (text[0] != '{' && text[0] != '[')
 		return false;
-	lex = makeJsonLexContextCstringLen((char *) text, strlen(text), GetDatabaseEncoding(), false);
+	lex = makeJsonLexContextCstringLen(NULL, (char *) text, strlen(text), GetDatabaseEncoding(), false);
 	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
 }
 

@@ -30,6 +30,7 @@
 
 #include "capture.h"
 #include "message.h"
+#include "pg_compat.h"
 
 /* EventRouter's defaults. */
 #define DEFAULT_ROUTE_BY_FIELD "aggregatetype"
@@ -114,9 +115,9 @@ static const UnsupportedOption unsupported_options[] = {
 	"No span is made: the traceparent of the row's span context becomes the record's."},
 };
 
-static void refuse_value(const char *option, const char *expected) pg_attribute_noreturn();
-static void refuse_unknown_option(const char *name) pg_attribute_noreturn();
-static void refuse_placement(const char *entry, const char *why) pg_attribute_noreturn();
+pg_noreturn static void refuse_value(const char *option, const char *expected);
+pg_noreturn static void refuse_unknown_option(const char *name);
+pg_noreturn static void refuse_placement(const char *entry, const char *why);
 static char *java_trim(const char *s, int len);
 
 /* The hint of every refused setting: the keys outbox_capture() takes. */

@@ -29,6 +29,7 @@
 #include "utils/syscache.h"
 
 #include "inbox.h"
+#include "pg_compat.h"
 #include "statements.h"
 
 /* The name of the type a handler takes, in the extension's schema. */
@@ -83,11 +84,11 @@ handler_fault(Oid handler, Oid run_as, char **why)
 	if (!fits)
 		*why = psprintf("inbox handler %s does not take one inbox_message",
 						format_procedure(handler));
-	else if (pg_namespace_aclcheck(schema, run_as, ACL_USAGE) != ACLCHECK_OK)
+	else if (object_aclcheck(NamespaceRelationId, schema, run_as, ACL_USAGE) != ACLCHECK_OK)
 		*why = psprintf("role %s has no USAGE on schema \"%s\" of inbox handler %s",
 						role_name(run_as), get_namespace_name(schema),
 						format_procedure(handler));
-	else if (pg_proc_aclcheck(handler, run_as, ACL_EXECUTE) != ACLCHECK_OK)
+	else if (object_aclcheck(ProcedureRelationId, handler, run_as, ACL_EXECUTE) != ACLCHECK_OK)
 		*why = psprintf("role %s may not execute inbox handler %s",
 						role_name(run_as), format_procedure(handler));
 	if (*why == NULL)

@@ -35,6 +35,7 @@
 #include <malloc.h>
 
 #include "miscadmin.h"
+#include "pg_compat.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -308,7 +309,7 @@ time_to_next_event(void)
 static void
 wait_for_batches(void)
 {
-	WaitEventSet *set = CreateWaitEventSet(CurrentMemoryContext, 2 + list_length(subscribers));
+	WaitEventSet *set = create_wait_event_set(2 + list_length(subscribers));
 	WaitEvent	event;
 	ListCell   *lc;
 

@@ -74,6 +74,7 @@
 #include "utils/memutils.h"
 
 #include "key_lock.h"
+#include "pg_compat.h"
 
 /*
  * How many pairs of one transaction get an exact lock, and how many buckets
@@ -475,7 +476,7 @@ key_lock_acquire(text *topic, text *key)
 	SET_LOCKTAG_ADVISORY(bucket, MyDatabaseId, 0, (uint32) (pair % KEY_LOCK_BUCKETS),
 						 KEY_LOCK_TAG_BUCKET);
 
-	if (LockHeldByMe(&exact, ExclusiveLock))
+	if (LockHeldByMe(&exact, ExclusiveLock, false))
 		return;
 
 	if (exact_locks_taken < KEY_LOCKS_EXACT)

@@ -62,6 +62,7 @@
 #include "utils/rel.h"
 
 #include "message.h"
+#include "pg_compat.h"
 #include "row_writer.h"
 #include "segment.h"
 
@@ -300,7 +301,7 @@ build_segment_part(SegmentWriter *segment, Relation rel)
 		}
 		result_rel->ri_RelationDesc = NULL;
 		segment->from_table = build_attrmap_by_name_if_req(writer->slot->tts_tupleDescriptor,
-														   RelationGetDescr(rel));
+														   RelationGetDescr(rel), false);
 		if (segment->from_table)
 			segment->slot = MakeSingleTupleTableSlot(CreateTupleDescCopy(RelationGetDescr(rel)),
 													 &TTSOpsVirtual);
@@ -398,7 +399,7 @@ insert_into_segment(SegmentWriter *segment, Relation rel)
 
 	ExecConstraints(result_rel, slot, estate);
 	table_tuple_insert(rel, slot, GetCurrentCommandId(true), 0, NULL);
-	ExecInsertIndexTuples(result_rel, slot, estate, false, false, NULL, NIL);
+	ExecInsertIndexTuples(result_rel, slot, estate, false, false, NULL, NIL, false);
 
 	for (int i = 0; i < result_rel->ri_NumIndices; i++)
 		index_close(result_rel->ri_IndexRelationDescs[i], NoLock);

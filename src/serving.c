@@ -32,6 +32,7 @@
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "pg_compat.h"
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "tcop/utility.h"
@@ -109,7 +110,7 @@ database_to_vacate(Node *stmt)
 		return InvalidOid;
 	database = get_database_oid(name, true);
 	if (!OidIsValid(database) || database == MyDatabaseId ||
-		!pg_database_ownercheck(database, GetUserId()))
+		!object_ownercheck(DatabaseRelationId, database, GetUserId()))
 		return InvalidOid;
 	if ((IsA(stmt, DropdbStmt) || IsA(stmt, CreatedbStmt)) && IsTransactionBlock())
 		return InvalidOid;

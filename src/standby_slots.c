@@ -39,6 +39,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "miscadmin.h"
+#include "pg_compat.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
 #include "replication/slot.h"
@@ -117,18 +118,18 @@ slot_condition(const char *name, XLogRecPtr lsn)
 	{
 		bool		logical;
 		XLogRecPtr	restart_lsn;
-		XLogRecPtr	invalidated_at;
+		bool		invalidated;
 
 		SpinLockAcquire(&slot->mutex);
 		logical = SlotIsLogical(slot);
 		restart_lsn = slot->data.restart_lsn;
-		invalidated_at = slot->data.invalidated_at;
+		invalidated = slot_is_invalidated(&slot->data);
 		SpinLockRelease(&slot->mutex);
 
 		if (logical)
 			condition = SLOT_LOGICAL;
 		else if (XLogRecPtrIsInvalid(restart_lsn))
-			condition = XLogRecPtrIsInvalid(invalidated_at) ? SLOT_UNRESERVED : SLOT_INVALIDATED;
+			condition = invalidated ? SLOT_INVALIDATED : SLOT_UNRESERVED;
 		else
 			condition = restart_lsn >= lsn ? SLOT_REACHED : SLOT_BEHIND;
 	}

@@ -1,0 +1,114 @@
+/*-------------------------------------------------------------------------
+ *
+ * pg_compat.h
+ *	  Every difference between the PostgreSQL majors this extension builds
+ *	  against (15 to 19), in one place.
+ *
+ * The code is written against the newest server's interfaces; this file
+ * gives the older majors the same names and signatures.  Nothing else in
+ * src/ tests PG_VERSION_NUM: a difference found elsewhere belongs here.
+ * Each entry says which major changed what, so that it can go once the
+ * oldest supported major has the newer form.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_PG_COMPAT_H
+#define OUTBOX_PG_COMPAT_H
+
+/* The headers of everything below, first: a macro must follow its function's declaration. */
+#include "access/attmap.h"
+#include "access/xlogdefs.h"
+#include "catalog/pg_class_d.h"
+#include "catalog/pg_database_d.h"
+#include "catalog/pg_namespace_d.h"
+#include "catalog/pg_proc_d.h"
+#include "common/jsonapi.h"
+#include "executor/executor.h"
+#include "replication/slot.h"
+#include "storage/latch.h"
+#include "storage/lock.h"
+#include "utils/acl.h"
+
+/* 16 moved the varlena macros out of postgres.h into varatt.h. */
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
+/*
+ * 16 replaced the per-catalog pg_*_ownercheck() and pg_*_aclcheck() by
+ * object_ownercheck() and object_aclcheck(); older majors get these for the
+ * catalogs this extension asks about.
+ */
+#if PG_VERSION_NUM < 160000
+static inline bool
+object_ownercheck(Oid classid, Oid objectid, Oid roleid)
+{
+	if (classid == DatabaseRelationId)
+		return pg_database_ownercheck(objectid, roleid);
+	Assert(classid == RelationRelationId);
+	return pg_class_ownercheck(objectid, roleid);
+}
+
+static inline AclResult
+object_aclcheck(Oid classid, Oid objectid, Oid roleid, AclMode mode)
+{
+	if (classid == NamespaceRelationId)
+		return pg_namespace_aclcheck(objectid, roleid, mode);
+	Assert(classid == ProcedureRelationId);
+	return pg_proc_aclcheck(objectid, roleid, mode);
+}
+
+/* 16 added missing_ok (here always false, as before) ... */
+#define build_attrmap_by_name_if_req(indesc, outdesc, missing_ok) \
+	build_attrmap_by_name_if_req(indesc, outdesc)
+/* ... and ExecInsertIndexTuples()'s onlySummarizing (false: every index). */
+#define ExecInsertIndexTuples(rri, slot, estate, update, noDupErr, specConflict, arbiters, onlySummarizing) \
+	ExecInsertIndexTuples(rri, slot, estate, update, noDupErr, specConflict, arbiters)
+#endif
+
+/*
+ * 17 added LockHeldByMe()'s orstronger (false: exactly the mode asked) and
+ * makeJsonLexContextCstringLen()'s first argument (NULL: a new context).
+ */
+#if PG_VERSION_NUM < 170000
+#define LockHeldByMe(tag, mode, orstronger) LockHeldByMe(tag, mode)
+#define makeJsonLexContextCstringLen(lex, json, len, encoding, need_escapes) \
+	makeJsonLexContextCstringLen(json, len, encoding, need_escapes)
+#endif
+
+/*
+ * 17 made a wait event set belong to a resource owner instead of a memory
+ * context.  The extension's sets are freed by their maker before it
+ * returns, so they need neither: NULL puts them in TopMemoryContext.
+ */
+static inline WaitEventSet *
+create_wait_event_set(int nevents)
+{
+#if PG_VERSION_NUM >= 170000
+	return CreateWaitEventSet(NULL, nevents);
+#else
+	return CreateWaitEventSet(CurrentMemoryContext, nevents);
+#endif
+}
+
+/*
+ * 16 records why a slot was invalidated (and 17 dropped invalidated_at);
+ * 15 knows only that it was, by a WAL position of its invalidation.
+ */
+static inline bool
+slot_is_invalidated(const ReplicationSlotPersistentData *data)
+{
+#if PG_VERSION_NUM >= 160000
+	return data->invalidated != RS_INVAL_NONE;
+#else
+	return !XLogRecPtrIsInvalid(data->invalidated_at);
+#endif
+}
+
+/* 18 replaced pg_attribute_noreturn(), which followed a declaration, by
+ * pg_noreturn, which precedes it. */
+#ifndef pg_noreturn
+#define pg_noreturn _Noreturn
+#endif
+
+#endif							/* OUTBOX_PG_COMPAT_H */
