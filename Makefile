@@ -105,8 +105,13 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# After pgxs, which resets it: the tests' shared module, and timings.
-PROVE_FLAGS += -I $(srcdir)/test/perl --timer
+# After pgxs, which resets it: the tests' shared module, the TAP framework
+# and timings.  The framework (PostgreSQL::Test::Cluster) is the server's own
+# when its pgxs has one (PG_PROVE_FLAGS, first); else PostgreSQL 15's, from
+# Debian's postgresql-server-dev-15, which drives the binaries of any later
+# major that comes first in PATH.
+TAP_FRAMEWORK ?= /usr/lib/postgresql/15/lib/pgxs/src/test/perl
+PROVE_FLAGS += -I $(srcdir)/test/perl -I $(TAP_FRAMEWORK) --timer
 
 all: $(KAFKA_PROCESS)
 

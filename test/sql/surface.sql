@@ -43,7 +43,10 @@ SET outbox.no_such_setting = 1;
 -- outbox.kafka_properties may hold secrets: hidden from ordinary roles
 CREATE ROLE outbox_reader;
 SET ROLE outbox_reader;
+-- (the refusal's wording is PostgreSQL's and differs between majors; its SQLSTATE does not)
+\set VERBOSITY sqlstate
 SHOW outbox.kafka_properties;
+\set VERBOSITY default
 SELECT count(*) AS visible FROM pg_settings WHERE name = 'outbox.kafka_properties';
 RESET ROLE;
 DROP ROLE outbox_reader;
