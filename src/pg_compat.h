@@ -24,10 +24,16 @@
 #include "catalog/pg_proc_d.h"
 #include "common/jsonapi.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
 #include "replication/slot.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
 #include "utils/acl.h"
+#include "utils/wait_event.h"
+#if PG_VERSION_NUM >= 170000
+#include "replication/walsender_private.h"
+#include "storage/condition_variable.h"
+#endif
 
 /* 16 moved the varlena macros out of postgres.h into varatt.h. */
 #if PG_VERSION_NUM >= 160000
@@ -102,6 +108,29 @@ slot_is_invalidated(const ReplicationSlotPersistentData *data)
 	return data->invalidated != RS_INVAL_NONE;
 #else
 	return !XLogRecPtrIsInvalid(data->invalidated_at);
+#endif
+}
+
+/*
+ * Sleep for timeout_ms at most, or until a standby replies.  From 17, the
+ * walsender of a slot listed in PostgreSQL's own synchronized_standby_slots
+ * broadcasts a condition variable when its standby confirms a flush, which
+ * wakes the sleeper at once; a reply between the caller's look at the slots
+ * and this sleep is caught by the timeout.  Before 17 (or for a slot not
+ * listed there) the timeout, and the latch, are all there is.
+ */
+static inline void
+sleep_for_standby_reply(long timeout_ms)
+{
+#if PG_VERSION_NUM >= 170000
+	ConditionVariablePrepareToSleep(&WalSndCtl->wal_confirm_rcv_cv);
+	(void) ConditionVariableTimedSleep(&WalSndCtl->wal_confirm_rcv_cv, timeout_ms,
+									   PG_WAIT_EXTENSION);
+	ConditionVariableCancelSleep();
+#else
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 timeout_ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
 #endif
 }
 

@@ -19,10 +19,11 @@
  *
  * The wait runs after the turn's commit, with no transaction and no
  * snapshot open: a standby that is down may hold publishing for hours, and
- * a snapshot held that long would hold back vacuum.  PostgreSQL 15 has no
- * condition variable that a walsender signals when its slot moves, so the
- * wait polls the slots on the worker's latch, every STANDBY_POLL_MIN_MS at
- * first and backing off to STANDBY_POLL_MAX_MS.  It ends at once on
+ * a snapshot held that long would hold back vacuum.  The wait looks at the
+ * slots every STANDBY_POLL_MIN_MS at first, backing off to
+ * STANDBY_POLL_MAX_MS; from PostgreSQL 17 it is also woken by the standby's
+ * reply, for a slot listed in PostgreSQL's own synchronized_standby_slots as
+ * well (sleep_for_standby_reply(), pg_compat.h).  It ends at once on
  * SIGTERM (the batch is then left unproduced, and its rows wait), follows a
  * reload of the setting, and ends too when the extension is dropped.
  *
@@ -223,9 +224,7 @@ standby_wait_for_flush(XLogRecPtr lsn)
 			pgstat_report_activity(STATE_RUNNING, "outbox: waiting for standby");
 			reported_waiting = true;
 		}
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 poll_ms, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
+		sleep_for_standby_reply(poll_ms);
 		CHECK_FOR_INTERRUPTS();
 		if (ShutdownRequestPending)
 			return false;
