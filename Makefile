@@ -106,7 +106,7 @@ TAP_JOBS ?= 3
 TAP_QUICK_TESTS = test/t/001_publish.pl test/t/002_order.pl test/t/004_dead_letter.pl \
 	test/t/021_fault_failover.pl test/t/106_upgrade.pl test/t/107_dump_restore.pl \
 	test/t/201_inbox.pl test/t/206_debezium_capture.pl
-EXTRA_CLEAN += tmp_regress tmp_check
+EXTRA_CLEAN += tmp_regress tmp_check $(EXTENSION)-*.zip
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
@@ -121,6 +121,14 @@ TAP_FRAMEWORK ?= /usr/lib/postgresql/15/lib/pgxs/src/test/perl
 PROVE_FLAGS += -I $(srcdir)/test/perl -I $(TAP_FRAMEWORK) --timer
 
 all: $(KAFKA_PROCESS)
+
+# The release archive, as PGXN takes it: the files git tracks at HEAD, under
+# outbox-VERSION/, VERSION being META.json's.
+DIST_VERSION = $(shell perl -MJSON::PP -0777 -ne 'print decode_json($$_)->{version}' $(srcdir)/META.json)
+.PHONY: dist
+dist:
+	git -C $(srcdir) archive --format=zip --prefix=$(EXTENSION)-$(DIST_VERSION)/ \
+	  -o '$(CURDIR)/$(EXTENSION)-$(DIST_VERSION).zip' HEAD
 
 # PGXS tracks no header: an object built before a header changed (a struct
 # that grew a field) would be linked with one built after.  Every object
