@@ -8,6 +8,8 @@
 set -euo pipefail
 
 OUTBOX_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# postgresql_bin MAJOR and librdkafka_prefix VERSION: the other servers and librdkafka.
+source "$OUTBOX_SRC/test/servers.sh"
 # PG_BIN may name another (relocated) PostgreSQL 15 install to build and test against.
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 export XDG_CACHE_HOME=/var/cache        # broker.sh keeps the Kafka jars in $XDG_CACHE_HOME/outbox
