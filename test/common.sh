@@ -8,6 +8,7 @@
 set -euo pipefail
 
 OUTBOX_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# postgresql_bin MAJOR and librdkafka_prefix VERSION: the other servers and librdkafka.
 source "$OUTBOX_SRC/test/servers.sh"
 # The PostgreSQL major to build and test against (15 to 19: 15 is Debian's,
 # the others are fetched and cached by servers.sh), and the librdkafka
