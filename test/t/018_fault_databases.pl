@@ -89,9 +89,13 @@ for my $db (@dbs)
 # 2. DROP DATABASE, no FORCE, of crm while its worker publishes a backlog,
 # the two others under load.  crm's own load ends first: its sessions
 # would keep DROP DATABASE out, as any session in the database does.
+# Small batches make the backlog last seconds, not the half second a
+# fast machine takes to publish it, so that the DROP finds the worker in its
+# middle.
 $scenario = 'DROP DATABASE under load';
 ($topics, $load) = start_loads($scenario, \@dbs, crm => 5);
 finish_load($load->{crm});
+$node->safe_psql('postgres', 'ALTER SYSTEM SET outbox.batch_size = 10; SELECT pg_reload_conf()');
 enqueue_backlog($node, $topics->{crm}[1], $backlog, 'crm');
 wait_until_mid_backlog('crm', $topics->{crm}[1], $backlog, $scenario);
 $before = $node->safe_psql('postgres',
@@ -105,6 +109,7 @@ ok(wait_for_query($node, 'SELECT string_agg(database, \',\' ORDER BY database) F
 is($node->safe_psql('postgres',
 		"SELECT database, pid FROM outbox_worker WHERE database IN ('shop', 'billing') ORDER BY database"),
 	$before, "$scenario: the workers of the other databases were not disturbed");
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.batch_size; SELECT pg_reload_conf()');
 finish_load($load->{$_}) for qw(shop billing);
 fault_check($node, db => $_, scenario => "$scenario: $_", topics => $topics->{$_}) for qw(shop billing);
 
