@@ -105,7 +105,7 @@ TAP_JOBS ?= 3
 # core of publishing, the inbox and the failover to a standby.
 TAP_QUICK_TESTS = test/t/001_publish.pl test/t/002_order.pl test/t/004_dead_letter.pl \
 	test/t/021_fault_failover.pl test/t/106_upgrade.pl test/t/107_dump_restore.pl \
-	test/t/201_inbox.pl test/t/206_debezium_capture.pl
+	test/t/201_inbox.pl test/t/206_debezium_capture.pl test/t/208_packaging.pl
 EXTRA_CLEAN += tmp_regress tmp_check $(EXTENSION)-*.zip
 
 PG_CONFIG ?= pg_config
