@@ -17,6 +17,10 @@ transaction or setting).  The rules the documentation is written to:
   `WARNING:`, `NOTICE:`, `INFO:`, `DETAIL:`, `HINT:`), each in order;
   trailing blanks and blank lines at either end do not count.  A block may
   fail only if its shown output has an `ERROR:` line.
+- `<!-- also shown output: why -->` on the line before a ```text block
+  that follows the shown output of an sql block (prose may come between):
+  another output the block may print, such as another PostgreSQL major's
+  wording of a message.  The block is ok if its output is any of them.
 - `<!-- waits for the worker -->` on the line before a block's fence: the
   block reads what the worker does after a commit; it is run again until
   its output is the shown output, for at most --wait seconds.
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 FENCE = re.compile(r'^(\s*)```(\S*)')
 NOT_RUN = re.compile(r'^\s*<!--\s*not run:.*-->\s*$')
 WAITS = re.compile(r'^\s*<!--\s*waits for the worker\s*-->\s*$')
+ALSO_SHOWN = re.compile(r'^\s*<!--\s*also shown output:.*-->\s*$')
 CONNECT = re.compile(r'^\s*\\c(?:onnect)?\s+(\S+)(?:\s+(\S+))?')
 MESSAGE = re.compile(r'^(ERROR|WARNING|NOTICE|INFO|DETAIL|HINT):')
 PSQL_PREFIX = re.compile(r'^psql:[^:]*:\d+: ')
@@ -50,6 +55,7 @@ class Example:
     marker: str = ''            # 'not run', 'waits', or ''
     shown: list = field(default_factory=list)
     has_shown: bool = False
+    also_shown: list = field(default_factory=list)     # other outputs it may print
 
 
 def read_blocks(path):
@@ -65,7 +71,8 @@ def read_blocks(path):
             continue
         indent, lang = m.group(1), m.group(2)
         before = lines[i - 1] if i > 0 else ''
-        marker = 'not run' if NOT_RUN.match(before) else 'waits' if WAITS.match(before) else ''
+        marker = ('not run' if NOT_RUN.match(before) else 'waits' if WAITS.match(before)
+                  else 'also shown' if ALSO_SHOWN.match(before) else '')
         start = i
         body = []
         i += 1
@@ -91,6 +98,10 @@ def examples_of(path):
             if all(not s.strip() for s in between):
                 ex.shown = blocks[n + 1][2].split('\n')
                 ex.has_shown = True
+                for _, other_lang, other, other_marker in blocks[n + 2:]:
+                    if other_lang != 'text' or other_marker != 'also shown':
+                        break
+                    ex.also_shown.append(other.split('\n'))
         examples.append(ex)
     return examples
 
@@ -123,12 +134,19 @@ def run_psql(args, db, user, sql, stop_on_error):
 
 
 def check(ex, status, out, err):
-    """What is wrong with one run of an example, or None."""
+    """What is wrong with one run of an example, or None: its output is the
+    shown output, or one of the others it may print."""
     if not ex.has_shown:
         if status != 0:
             return 'it failed:\n' + '\n'.join(err)
         return None
-    want_out, want_err = split_shown(ex.shown)
+    problems = [check_shown(shown, status, out, err) for shown in [ex.shown] + ex.also_shown]
+    return None if None in problems else problems[0]
+
+
+def check_shown(shown, status, out, err):
+    """What is wrong with one run of an example against one shown output."""
+    want_out, want_err = split_shown(shown)
     expects_error = any(s.startswith('ERROR:') for s in want_err)
     if status != 0 and not expects_error:
         return 'it failed:\n' + '\n'.join(err)

@@ -84,6 +84,46 @@ SELECT 1/0;
 ```text
 ERROR:  division by zero
 ```
+
+```sql
+SELECT 4 AS four;
+```
+
+```text
+ four
+------
+    5
+(1 row)
+```
+
+Or:
+
+<!-- also shown output: another major's -->
+```text
+ four
+------
+    4
+(1 row)
+```
+
+```sql
+SELECT 6 AS six;
+```
+
+```text
+ six
+-----
+   7
+(1 row)
+```
+
+<!-- also shown output: another major's -->
+```text
+ six
+-----
+   8
+(1 row)
+```
 MD
 close $fh;
 my ($status, $out) = run_examples($wrong);
@@ -93,6 +133,8 @@ like($out, qr/^not ok \S+wrong\.md:12: its results differ/m, 'a wrong shown outp
 like($out, qr/^not ok \S+wrong\.md:23: it failed:\n\s+ERROR:  function no_such_function/m,
 	'a statement that fails fails the example');
 like($out, qr/^ok \S+wrong\.md:27$/m, 'an error that is shown passes');
+like($out, qr/^ok \S+wrong\.md:35$/m, 'an output that is one of those shown passes');
+like($out, qr/^not ok \S+wrong\.md:56: its results differ/m, 'an output that is none of those shown fails');
 
 # The reader's order: the README, then each docs file as the README first
 # links to it.  A docs file the README does not link to is not found.
