@@ -53,9 +53,10 @@ KAFKA_PROCESS = src/outbox_kafka
 KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c src/kafka_consume.c
 EXTRA_CLEAN = $(KAFKA_PROCESS)
 
-# librdkafka as pkg-config describes it, else the system's.  A build outside
-# the linker's own directories is found again at run time through an rpath.
-RDKAFKA_CFLAGS := $(shell pkg-config --cflags rdkafka 2>/dev/null)
+# librdkafka as pkg-config describes it, else the system's.  Its headers are
+# included as a system's are (-Wextra finds fault with 2.14's own); a build
+# outside the linker's own directories is found at run time by an rpath.
+RDKAFKA_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags rdkafka 2>/dev/null))
 RDKAFKA_LIBDIR := $(shell pkg-config --variable=libdir rdkafka 2>/dev/null)
 RDKAFKA_LIBS := $(or $(shell pkg-config --libs rdkafka 2>/dev/null),-lrdkafka)
 ifneq ($(RDKAFKA_LIBDIR),)
