@@ -62,21 +62,21 @@ install_dependencies() {
     step "fetching Apache Kafka from Maven Central (cached after the first run)"
     bash "$OUTBOX_SRC/test/kafka/broker.sh" fetch
     [ -n "$PG_BIN" ] || PG_BIN=$(postgresql_bin "$PG_MAJOR")
+    # Every build, the tests' own included, finds that librdkafka.
+    local prefix
+    prefix=$(librdkafka_prefix "$RDKAFKA_VERSION")
+    [ -z "$prefix" ] || export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 }
 
 # build_and_install [DIR [PG_BIN]]: build the tree in DIR (default the
 # source tree) against that install (default PG_BIN) and the chosen
 # librdkafka, and install it there.
 build_and_install() {
-    local dir=${1:-$OUTBOX_SRC} bin=${2:-$PG_BIN} prefix
-    prefix=$(librdkafka_prefix "$RDKAFKA_VERSION")
+    local dir=${1:-$OUTBOX_SRC} bin=${2:-$PG_BIN}
     step "building and installing the outbox extension for $("$bin/pg_config" --version), librdkafka $RDKAFKA_VERSION"
-    (
-        [ -z "$prefix" ] || export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-        make -C "$dir" -s clean
-        make -C "$dir" -s -j2 PG_CONFIG="$bin/pg_config"
-        make -C "$dir" -s PG_CONFIG="$bin/pg_config" install >/dev/null
-    )
+    make -C "$dir" -s clean
+    make -C "$dir" -s -j2 PG_CONFIG="$bin/pg_config"
+    make -C "$dir" -s PG_CONFIG="$bin/pg_config" install >/dev/null
 }
 
 start_broker() {
