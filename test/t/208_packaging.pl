@@ -68,4 +68,13 @@ is(scalar(@warnings), 0, 'with no warning under -Wall -Wextra on ' . `pg_config 
   or diag(join("\n", @warnings));
 ok(-f "$tree/outbox.so" && -x "$tree/src/outbox_kafka", 'the module and its Kafka process are built');
 
+# Against the librdkafka pkg-config finds (PKG_CONFIG_PATH: another build,
+# found at run time by the rpath the Makefile adds), else the system's.
+my ($libdir) = `pkg-config --variable=libdir rdkafka` =~ /^(\S+)/;
+for my $program ("$tree/outbox.so", "$tree/src/outbox_kafka")
+{
+	like(`ldd $program`, qr{librdkafka\.so\.1 => \Q$libdir\E/librdkafka\.so\.1},
+		"$program loads the librdkafka of $libdir");
+}
+
 done_testing();
