@@ -531,7 +531,7 @@ header_placed(const CaptureSettings *s, const char *name)
 static Jsonb *
 row_headers(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 {
-	JsonbParseState *state = NULL;
+	JsonbInState state = {0};
 	ColumnValue id = column_value(tuple, desc, &s->event_id);
 	SpanContext context = row_span_context(s, tuple, desc);
 
@@ -553,7 +553,8 @@ row_headers(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 		if (context.tracestate && !header_placed(s, TRACESTATE_HEADER))
 			headers_push(&state, TRACESTATE_HEADER, context.tracestate);
 	}
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+	pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(state.result);
 }
 
 /*

@@ -613,7 +613,7 @@ capture_settings_read(Jsonb *json, Relation rel)
 }
 
 static void
-push_setting(JsonbParseState **state, const char *name, JsonbValue *value)
+push_setting(JsonbInState *state, const char *name, JsonbValue *value)
 {
 	JsonbValue	key;
 
@@ -663,7 +663,7 @@ converter_name(CaptureConverter converter)
 Jsonb *
 capture_settings_effective(const CaptureSettings *s)
 {
-	JsonbParseState *state = NULL;
+	JsonbInState state = {0};
 	JsonbValue	v;
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
@@ -679,5 +679,6 @@ capture_settings_effective(const CaptureSettings *s)
 	push_setting(&state, "tracing.span.context.field", string_jsonb(&v, s->span_context.name));
 	push_setting(&state, "key.converter", string_jsonb(&v, converter_name(s->key_converter)));
 	push_setting(&state, "value.converter", string_jsonb(&v, converter_name(s->value_converter)));
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+	pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(state.result);
 }

@@ -67,6 +67,7 @@
 #include "inbox_consumer.h"
 #include "inbox_store.h"
 #include "message.h"
+#include "pg_compat.h"
 #include "settings.h"
 #include "statements.h"
 #include "topic_grant.h"
@@ -432,19 +433,20 @@ jsonb_string(JsonbValue *v, char *s)
 static Datum
 headers_jsonb(const InboxMessage *m, bool *isnull)
 {
-	JsonbParseState *state = NULL;
+	JsonbInState state = {0};
 	JsonbValue	v;
 
 	*isnull = m->header_count == 0;
 	if (*isnull)
 		return (Datum) 0;
-	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	for (int i = 0; i < m->header_count; i++)
 	{
-		(void) pushJsonbValue(&state, WJB_KEY, jsonb_string(&v, m->header_names[i]));
-		(void) pushJsonbValue(&state, WJB_VALUE, jsonb_string(&v, m->header_values[i]));
+		pushJsonbValue(&state, WJB_KEY, jsonb_string(&v, m->header_names[i]));
+		pushJsonbValue(&state, WJB_VALUE, jsonb_string(&v, m->header_values[i]));
 	}
-	return JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL)));
+	pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbPGetDatum(JsonbValueToJsonb(state.result));
 }
 
 /*
@@ -816,7 +818,7 @@ record_batch(BatchState *st, InboxOutcome *outcome)
 				break;
 			case FATE_FAILED:
 				outcome->failed++;
-				/* fall through */
+				pg_fallthrough;
 			case FATE_HELD:
 				if (add_retry(st, i))
 					outcome->dead_lettered++;

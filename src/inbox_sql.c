@@ -38,6 +38,7 @@
 #include "enqueue.h"
 #include "inbox.h"
 #include "inbox_slot.h"
+#include "pg_compat.h"
 #include "settings.h"
 #include "statements.h"
 #include "topic_grant.h"
@@ -169,13 +170,17 @@ check_topics(ArrayType *topics)
 				 errmsg("inbox subscription must name at least one topic")));
 	for (int i = 0; i < count; i++)
 	{
+		text	   *topic = nulls[i] ? NULL : DatumGetTextPP(elems[i]);
 		bool		repeated = false;
 
-		check_kafka_topic("inbox", nulls[i] ? NULL : DatumGetTextPP(elems[i]));
+		check_kafka_topic("inbox", topic);
 		for (int j = 0; j < kept && !repeated; j++)
-			repeated = VARSIZE_ANY_EXHDR(elems[j]) == VARSIZE_ANY_EXHDR(elems[i]) &&
-				memcmp(VARDATA_ANY(elems[j]), VARDATA_ANY(elems[i]),
-					   VARSIZE_ANY_EXHDR(elems[i])) == 0;
+		{
+			text	   *other = DatumGetTextPP(elems[j]);
+
+			repeated = VARSIZE_ANY_EXHDR(other) == VARSIZE_ANY_EXHDR(topic) &&
+				memcmp(VARDATA_ANY(other), VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)) == 0;
+		}
 		if (!repeated)
 			elems[kept++] = elems[i];
 	}

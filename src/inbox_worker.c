@@ -88,7 +88,7 @@ static void
 cancel_handler_call(SIGNAL_ARGS)
 {
 	inbox_call_cancelled = true;
-	StatementCancelHandler(postgres_signal_arg);
+	StatementCancelHandler(PASS_SIGNAL_ARGS);
 }
 
 /* A subscription and what the worker runs for it. */

@@ -573,8 +573,8 @@ make_held_pairs(void)
 	info.keysize = sizeof(HeldPairTag);
 	info.entrysize = sizeof(HeldPair);
 	info.num_partitions = KEY_LOCK_PARTITIONS;
-	held_pairs = ShmemInitHash("outbox held pairs", KEY_LOCK_HELD_PAIRS, KEY_LOCK_HELD_PAIRS,
-							   &info, HASH_ELEM | HASH_BLOBS | HASH_PARTITION | HASH_FIXED_SIZE);
+	held_pairs = ShmemInitHash("outbox held pairs", KEY_LOCK_HELD_PAIRS, &info,
+							   HASH_ELEM | HASH_BLOBS | HASH_PARTITION | HASH_FIXED_SIZE);
 	held_pair_locks = GetNamedLWLockTranche("outbox held pairs");
 }
 

@@ -51,6 +51,7 @@
 #include "catalog/pg_database.h"
 #include "commands/extension.h"
 #include "miscadmin.h"
+#include "pg_compat.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -159,8 +160,13 @@ static volatile sig_atomic_t stopped_by_postmaster = false;
 static void
 handle_sigterm(int signo, siginfo_t *info, void *context)
 {
+	int			save_errno = errno;
+
 	stopped_by_postmaster = info != NULL && info->si_pid == PostmasterPid;
-	SignalHandlerForShutdownRequest(signo);
+	/* as SignalHandlerForShutdownRequest(), whose arguments change by major */
+	ShutdownRequestPending = true;
+	SetLatch(MyLatch);
+	errno = save_errno;
 }
 
 static void

@@ -72,6 +72,7 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 
 #include "metrics.h"
 #include "settings.h"

@@ -27,8 +27,11 @@
 #include "miscadmin.h"
 #include "replication/slot.h"
 #include "storage/latch.h"
+#include "storage/shmem.h"
 #include "storage/lock.h"
 #include "utils/acl.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/wait_event.h"
 #if PG_VERSION_NUM >= 170000
 #include "replication/walsender_private.h"
@@ -64,12 +67,9 @@ object_aclcheck(Oid classid, Oid objectid, Oid roleid, AclMode mode)
 	return pg_proc_aclcheck(objectid, roleid, mode);
 }
 
-/* 16 added missing_ok (here always false, as before) ... */
+/* 16 added missing_ok (here always false, as before). */
 #define build_attrmap_by_name_if_req(indesc, outdesc, missing_ok) \
 	build_attrmap_by_name_if_req(indesc, outdesc)
-/* ... and ExecInsertIndexTuples()'s onlySummarizing (false: every index). */
-#define ExecInsertIndexTuples(rri, slot, estate, update, noDupErr, specConflict, arbiters, onlySummarizing) \
-	ExecInsertIndexTuples(rri, slot, estate, update, noDupErr, specConflict, arbiters)
 #endif
 
 /*
@@ -133,6 +133,81 @@ sleep_for_standby_reply(long timeout_ms)
 	ResetLatch(MyLatch);
 #endif
 }
+
+/*
+ * 19 gave ExecInsertIndexTuples() flags for what were booleans, and a new
+ * order of arguments; 16 had added onlySummarizing.
+ */
+#if PG_VERSION_NUM < 190000
+#define EIIT_IS_UPDATE (1 << 0)
+#define EIIT_NO_DUPE_ERROR (1 << 1)
+#define EIIT_ONLY_SUMMARIZING (1 << 2)
+
+static inline List *
+insert_index_tuples_before_19(ResultRelInfo *rri, EState *estate, uint32 flags,
+							  TupleTableSlot *slot, List *arbiters, bool *spec_conflict)
+{
+	return ExecInsertIndexTuples(rri, slot, estate, (flags & EIIT_IS_UPDATE) != 0,
+								 (flags & EIIT_NO_DUPE_ERROR) != 0, spec_conflict, arbiters
+#if PG_VERSION_NUM >= 160000
+								 ,(flags & EIIT_ONLY_SUMMARIZING) != 0
+#endif
+		);
+}
+#define ExecInsertIndexTuples insert_index_tuples_before_19
+#endif
+
+/*
+ * 19 made pushJsonbValue() build into a JsonbInState, whose result is the
+ * finished value; before, it returned each step's value and kept a parse
+ * state alone.  The older majors get a JsonbInState of their own (start it
+ * zeroed, as 19 asks) and the same call.
+ */
+#if PG_VERSION_NUM < 190000
+typedef struct JsonbInState
+{
+	JsonbValue *result;			/* the last push's value: at the end, the whole */
+	JsonbParseState *parseState;
+} JsonbInState;
+
+static inline void
+push_jsonb_value_before_19(JsonbInState *state, JsonbIteratorToken seq, JsonbValue *value)
+{
+	state->result = pushJsonbValue(&state->parseState, seq, value);
+}
+#define pushJsonbValue push_jsonb_value_before_19
+#endif
+
+/* 19 added ReplicationSlotValidateName()'s allow_reserved_name. */
+#if PG_VERSION_NUM < 190000
+#define ReplicationSlotValidateName(name, allow_reserved_name, elevel) \
+	ReplicationSlotValidateName(name, elevel)
+#endif
+
+/* 19 took ShmemInitHash()'s initial size away: a table is made whole. */
+#if PG_VERSION_NUM < 190000
+#define ShmemInitHash(name, nelems, info, flags) ShmemInitHash(name, nelems, nelems, info, flags)
+#endif
+
+/* 19 moved get_database_name() from dbcommands.h to lsyscache.h. */
+#if PG_VERSION_NUM < 190000
+#include "commands/dbcommands.h"
+#endif
+
+/*
+ * 19 passes a signal handler who sent the signal, which a handler that
+ * wraps another hands on: PASS_SIGNAL_ARGS are the arguments of SIGNAL_ARGS.
+ */
+#if PG_VERSION_NUM >= 190000
+#define PASS_SIGNAL_ARGS postgres_signal_arg, pg_siginfo
+#else
+#define PASS_SIGNAL_ARGS postgres_signal_arg
+#endif
+
+/* 19 marks a fall through with pg_fallthrough, and asks for it. */
+#ifndef pg_fallthrough
+#define pg_fallthrough __attribute__((fallthrough))
+#endif
 
 /* 18 replaced pg_attribute_noreturn(), which followed a declaration, by
  * pg_noreturn, which precedes it. */

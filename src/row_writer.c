@@ -399,7 +399,7 @@ insert_into_segment(SegmentWriter *segment, Relation rel)
 
 	ExecConstraints(result_rel, slot, estate);
 	table_tuple_insert(rel, slot, GetCurrentCommandId(true), 0, NULL);
-	ExecInsertIndexTuples(result_rel, slot, estate, false, false, NULL, NIL, false);
+	ExecInsertIndexTuples(result_rel, estate, 0, slot, NIL, NULL);
 
 	for (int i = 0; i < result_rel->ri_NumIndices; i++)
 		index_close(result_rel->ri_IndexRelationDescs[i], NoLock);

@@ -473,7 +473,7 @@ check_standby_slot_list(char **newval, void **extra, GucSource source)
 		{
 			const char *name = lfirst(lc);
 
-			if (ReplicationSlotValidateName(name, DEBUG1))
+			if (ReplicationSlotValidateName(name, false, DEBUG1))
 				continue;
 			GUC_check_errdetail("\"%s\" is not a replication slot name: one is 1 to %d lower-case letters, digits and underscores.",
 								name, NAMEDATALEN - 1);

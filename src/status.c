@@ -19,9 +19,11 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/tuplestore.h"
 
 #include "inbox_slot.h"
 #include "launcher_slot.h"
+#include "pg_compat.h"
 #include "settings.h"
 #include "worker_slot.h"
 

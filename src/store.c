@@ -33,6 +33,7 @@
 #include "utils/timestamp.h"
 
 #include "metrics.h"
+#include "pg_compat.h"
 #include "settings.h"
 #include "statements.h"
 #include "store.h"
@@ -336,19 +337,18 @@ jsonb_string_to_utf8(JsonbValue *v)
 static Jsonb *
 headers_to_utf8(Jsonb *headers)
 {
-	JsonbParseState *state = NULL;
+	JsonbInState state = {0};
 	JsonbIterator *it = JsonbIteratorInit(&headers->root);
 	JsonbValue	v;
-	JsonbValue *result = NULL;
 	JsonbIteratorToken token;
 
 	while ((token = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
 	{
 		if ((token == WJB_KEY || token == WJB_VALUE) && v.type == jbvString)
 			jsonb_string_to_utf8(&v);
-		result = pushJsonbValue(&state, token, token < WJB_BEGIN_ARRAY ? &v : NULL);
+		pushJsonbValue(&state, token, token < WJB_BEGIN_ARRAY ? &v : NULL);
 	}
-	return JsonbValueToJsonb(result);
+	return JsonbValueToJsonb(state.result);
 }
 
 /* Copy one row of the claim's result into m, in the current memory context. */

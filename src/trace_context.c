@@ -40,6 +40,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "pg_compat.h"
 #include "trace_context.h"
 
 /* W3C: version 00 is "00-" 32 hex "-" 16 hex "-" 2 hex. */
@@ -382,7 +383,7 @@ statement_comment_context(const char **traceparent, const char **tracestate)
  * being built as a jsonb object.
  */
 void
-headers_push(JsonbParseState **state, const char *name, const char *value)
+headers_push(JsonbInState *state, const char *name, const char *value)
 {
 	JsonbValue	v;
 
@@ -424,8 +425,7 @@ trace_context_add_headers(Jsonb *headers)
 {
 	const char *traceparent = NULL;
 	const char *tracestate = NULL;
-	JsonbParseState *state = NULL;
-	JsonbValue *object;
+	JsonbInState state = {0};
 	Jsonb	   *context;
 
 	if (names_traceparent(headers))
@@ -444,8 +444,8 @@ trace_context_add_headers(Jsonb *headers)
 	headers_push(&state, TRACEPARENT_HEADER, traceparent);
 	if (tracestate)
 		headers_push(&state, TRACESTATE_HEADER, tracestate);
-	object = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
-	context = JsonbValueToJsonb(object);
+	pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	context = JsonbValueToJsonb(state.result);
 	if (headers == NULL)
 		return context;
 	/* the right side wins: a tracestate the message names is kept */

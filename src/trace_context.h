@@ -13,6 +13,8 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 
+#include "pg_compat.h"
+
 /* The Kafka headers, as OpenTelemetry's Kafka instrumentations name them. */
 #define TRACEPARENT_HEADER "traceparent"
 #define TRACESTATE_HEADER "tracestate"
@@ -24,7 +26,7 @@ extern bool traceparent_is_valid(const char *s);
 extern bool tracestate_is_valid(const char *s);
 extern char *traceparent_normalize(const char *s);
 extern Jsonb *trace_context_add_headers(Jsonb *headers);
-extern void headers_push(JsonbParseState **state, const char *name, const char *value);
+extern void headers_push(JsonbInState *state, const char *name, const char *value);
 extern bool check_traceparent(char **newval, void **extra, GucSource source);
 extern bool check_tracestate(char **newval, void **extra, GucSource source);
 
