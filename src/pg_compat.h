@@ -27,8 +27,8 @@
 #include "miscadmin.h"
 #include "replication/slot.h"
 #include "storage/latch.h"
-#include "storage/shmem.h"
 #include "storage/lock.h"
+#include "storage/shmem.h"
 #include "utils/acl.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
@@ -85,7 +85,8 @@ object_aclcheck(Oid classid, Oid objectid, Oid roleid, AclMode mode)
 /*
  * 17 made a wait event set belong to a resource owner instead of a memory
  * context.  The extension's sets are freed by their maker before it
- * returns, so they need neither: NULL puts them in TopMemoryContext.
+ * returns, so they need no owner: on 17 and later NULL, which puts them in
+ * TopMemoryContext; before, the current context.
  */
 static inline WaitEventSet *
 create_wait_event_set(int nevents)
@@ -209,8 +210,10 @@ push_jsonb_value_before_19(JsonbInState *state, JsonbIteratorToken seq, JsonbVal
 #define pg_fallthrough __attribute__((fallthrough))
 #endif
 
-/* 18 replaced pg_attribute_noreturn(), which followed a declaration, by
- * pg_noreturn, which precedes it. */
+/*
+ * 18 replaced pg_attribute_noreturn(), which followed a declaration, by
+ * pg_noreturn, which precedes it.
+ */
 #ifndef pg_noreturn
 #define pg_noreturn _Noreturn
 #endif
