@@ -6,11 +6,11 @@
 EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
 	sql/outbox--0.4.0.sql sql/outbox--0.5.0.sql sql/outbox--0.6.0.sql \
-	sql/outbox--0.7.0.sql sql/outbox--0.8.0.sql \
+	sql/outbox--0.7.0.sql sql/outbox--0.8.0.sql sql/outbox--0.9.0.sql \
 	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql \
 	sql/outbox--0.3.0--0.4.0.sql sql/outbox--0.4.0--0.5.0.sql \
 	sql/outbox--0.5.0--0.6.0.sql sql/outbox--0.6.0--0.7.0.sql \
-	sql/outbox--0.7.0--0.8.0.sql
+	sql/outbox--0.7.0--0.8.0.sql sql/outbox--0.8.0--0.9.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \

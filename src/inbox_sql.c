@@ -289,7 +289,9 @@ check_room_for_a_subscription(void)
 /*
  * Insert a subscription's row (inbox_subscribe()'s nine values: a schema
  * before 0.8.0 takes the first seven), unless its name is taken or the
- * database has all the subscriptions it may.
+ * database has all the subscriptions it may.  From 0.9.0 the table's
+ * trigger (inbox_subscription_bind()) records the row as bound in this
+ * cluster, as it does a restored row.
  */
 static void
 insert_subscription(Oid *types, Datum *values, const char *nulls)

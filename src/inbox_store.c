@@ -3,7 +3,9 @@
  * inbox_store.c
  *	  The inbox worker's SQL: every statement it runs, named in
  *	  statement_defs[] and prepared once per extension schema (a
- *	  statements.c set); its transactions; reading the subscriptions;
+ *	  statements.c set); its transactions; reading the subscriptions, and
+ *	  binding again a handler bound in another cluster (pg_upgrade, a
+ *	  restore) or dropped;
  *	  reading and recording where each partition is read from next
  *	  (inbox_offset); the ids received (inbox_received) and their
  *	  forgetting; the messages waiting in inbox_retry, and those moved to
@@ -20,6 +22,7 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
@@ -96,6 +99,38 @@ typedef enum InboxStatement
 	"       AS f(topic, p, n, h)" \
 	" ON CONFLICT (subscription, topic, \"partition\") DO UPDATE"
 
+/* No function has the handler_oid of row r any more: it was dropped. */
+#define HANDLER_GONE(r) \
+	"NOT EXISTS (SELECT FROM pg_catalog.pg_proc p" \
+	"            WHERE p.oid OPERATOR(pg_catalog.=) " r ".handler_oid)"
+
+/*
+ * Bind the subscriptions whose handler_oid means nothing in this cluster,
+ * $1 its system identifier: one bound in another cluster (pg_upgrade'd, or
+ * restored with its triggers off) to the function its signature names here,
+ * or none; one whose function was dropped to none, for good (0 is never
+ * bound again by name).  Returns what it did, for the log.  Not a prepared
+ * statement: it runs once after an upgrade, and a schema of before 0.9.0,
+ * which the others serve, has no handler_bound_in.
+ */
+#define BIND_HANDLERS_AGAIN \
+	"WITH was AS (SELECT name, handler_oid, handler_bound_in FROM %1$s.inbox_subscription)" \
+	" UPDATE %1$s.inbox_subscription s" \
+	"    SET handler_oid = CASE WHEN s.handler_bound_in OPERATOR(pg_catalog.=) $1" \
+	"                           THEN 0::pg_catalog.oid" \
+	"                           ELSE coalesce(pg_catalog.to_regprocedure(s.handler)::pg_catalog.oid," \
+	"                                         0::pg_catalog.oid) END," \
+	"        handler_bound_in = $1" \
+	"   FROM was" \
+	"  WHERE was.name OPERATOR(pg_catalog.=) s.name" \
+	"    AND s.handler_oid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid" \
+	"    AND (s.handler_bound_in OPERATOR(pg_catalog.<>) $1 OR " HANDLER_GONE("s") ")" \
+	" RETURNING s.name, s.handler, s.handler_oid, was.handler_oid," \
+	"           was.handler_bound_in OPERATOR(pg_catalog.<>) $1, was.handler_bound_in"
+
+/* The column of STMT_SUBSCRIPTIONS that says a row must be bound again. */
+#define SUBSCRIPTION_NEEDS_BINDING 11
+
 /* A message of inbox_retry whose next attempt is due. */
 #define DUE_NOW \
 	"(r.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() OR " ORPHANED ")"
@@ -114,19 +149,29 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 	 * the statement also reads a schema of before 0.8.0, which has neither:
 	 * until ALTER EXTENSION UPDATE binds them, its handlers are found by
 	 * their signature and its subscriptions' roles stand for who subscribed.
+	 * So is handler_bound_in (0.9.0 on): the last column says whether the
+	 * row must be bound again (bind_handlers_again()), $1 being this
+	 * cluster's system identifier.
 	 */
 	[STMT_SUBSCRIPTIONS] = {
 		"read the subscriptions",
 		"SELECT name, topics, handler, run_as::pg_catalog.oid,"
 		"       coalesce(max_attempts, 0), start_from OPERATOR(pg_catalog.=) 'earliest',"
 		"       created_at, search_path,"
-		"       coalesce((pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_oid')::pg_catalog.oid,"
-		"                pg_catalog.to_regprocedure(handler)::pg_catalog.oid, 0::pg_catalog.oid),"
+		"       coalesce(b.handler_oid, pg_catalog.to_regprocedure(handler)::pg_catalog.oid,"
+		"                0::pg_catalog.oid),"
 		"       coalesce((pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'subscribed_by')"
 		"                    ::pg_catalog.regrole::pg_catalog.oid,"
-		"                run_as::pg_catalog.oid)"
-		"  FROM %1$s.inbox_subscription s ORDER BY name",
-		0, {InvalidOid}, PLAN_ONCE
+		"                run_as::pg_catalog.oid),"
+		"       b.bound_in IS NOT NULL AND b.handler_oid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid"
+		"       AND (b.bound_in OPERATOR(pg_catalog.<>) $1 OR " HANDLER_GONE("b") ")"
+		"  FROM %1$s.inbox_subscription s,"
+		"       LATERAL (SELECT (pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_oid')"
+		"                           ::pg_catalog.oid AS handler_oid,"
+		"                       (pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_bound_in')"
+		"                           ::pg_catalog.int8 AS bound_in) b"
+		" ORDER BY name",
+		1, {INT8OID}, PLAN_ONCE
 	},
 	[STMT_POSITIONS] = {
 		"read the offsets",
@@ -439,40 +484,118 @@ inbox_subscriptions_exist(void)
 	return exist;
 }
 
-/* The subscriptions, in the caller's memory context; NIL if the extension has gone. */
+/* A subscription from a row of STMT_SUBSCRIPTIONS, in the current memory context. */
+static InboxSubscription *
+subscription_from_row(HeapTuple t, TupleDesc d)
+{
+	InboxSubscription *s = palloc0(sizeof(InboxSubscription));
+	bool		isnull;
+	Datum	   *topics;
+
+	s->name = column_text(t, d, 1);
+	deconstruct_array(DatumGetArrayTypeP(column_datum(t, d, 2, &isnull)), TEXTOID, -1, false,
+					  TYPALIGN_INT, &topics, NULL, &s->topic_count);
+	s->topics = palloc(sizeof(char *) * s->topic_count);
+	for (int i = 0; i < s->topic_count; i++)
+		s->topics[i] = TextDatumGetCString(topics[i]);
+	s->handler = column_text(t, d, 3);
+	s->run_as = DatumGetObjectId(column_datum(t, d, 4, &isnull));
+	s->max_attempts = DatumGetInt32(column_datum(t, d, 5, &isnull));
+	s->from_earliest = DatumGetBool(column_datum(t, d, 6, &isnull));
+	s->created_at = DatumGetTimestampTz(column_datum(t, d, 7, &isnull));
+	s->search_path = column_text(t, d, 8);
+	s->handler_oid = DatumGetObjectId(column_datum(t, d, 9, &isnull));
+	s->subscribed_by = DatumGetObjectId(column_datum(t, d, 10, &isnull));
+	return s;
+}
+
+/* Does a subscription just read need bind_handlers_again()? */
+static bool
+some_subscription_needs_binding(void)
+{
+	bool		isnull;
+
+	for (uint64 row = 0; row < SPI_processed; row++)
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc,
+									   SUBSCRIPTION_NEEDS_BINDING, &isnull)))
+			return true;
+	return false;
+}
+
+/* Say in the log what bind_handlers_again() did to one subscription. */
+static void
+log_binding(HeapTuple t, TupleDesc d)
+{
+	bool		isnull;
+	char	   *name = column_text(t, d, 1);
+	char	   *handler = column_text(t, d, 2);
+	Oid			now_oid = DatumGetObjectId(column_datum(t, d, 3, &isnull));
+	Oid			was_oid = DatumGetObjectId(column_datum(t, d, 4, &isnull));
+	bool		moved = DatumGetBool(column_datum(t, d, 5, &isnull));
+
+	if (!moved)
+		ereport(LOG,
+				(errmsg("inbox subscription \"%s\": its handler %s (oid %u) was dropped; the subscription waits, bound to no function",
+						name, handler, was_oid),
+				 errdetail("A function made later under its name is never called: unsubscribe, and subscribe again to use one.")));
+	else if (OidIsValid(now_oid))
+		ereport(LOG,
+				(errmsg("inbox subscription \"%s\" was bound in another cluster (system identifier %s): its handler %s is bound again, to oid %u (was %u)",
+						name, column_text(t, d, 6), handler, now_oid, was_oid),
+				 errdetail("pg_upgrade and a restore give functions new oids; the handler is found again by its signature.")));
+	else
+		ereport(LOG,
+				(errmsg("inbox subscription \"%s\" was bound in another cluster (system identifier %s) and its handler %s does not exist in this one; the subscription waits",
+						name, column_text(t, d, 6), handler)));
+}
+
+/*
+ * Bind again, in the worker's transaction, the subscriptions whose
+ * handler_oid means nothing here (BIND_HANDLERS_AGAIN), and say so in the
+ * log, once: the row no longer needs it afterwards.  Only after a read
+ * found one, so that the worker does not lock inbox_subscription against
+ * inbox_subscribe() otherwise.
+ */
+static void
+bind_handlers_again(Datum system_identifier)
+{
+	Oid			types[1] = {INT8OID};
+	const char *schema = quote_identifier(get_namespace_name(statements.namespace));
+	int			rc = SPI_execute_with_args(psprintf(BIND_HANDLERS_AGAIN, schema), 1, types,
+										   &system_identifier, NULL, false, 0);
+
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox: could not bind the inbox handlers again: %s",
+			 SPI_result_code_string(rc));
+	for (uint64 row = 0; row < SPI_processed; row++)
+		log_binding(SPI_tuptable->vals[row], SPI_tuptable->tupdesc);
+}
+
+/*
+ * The subscriptions, in the caller's memory context; NIL if the extension
+ * has gone.  Those whose handler must be bound again are, first.
+ */
 List *
 inbox_read_subscriptions(void)
 {
 	MemoryContext caller = CurrentMemoryContext;
 	List	   *subscriptions = NIL;
+	Datum		system_identifier = Int64GetDatum((int64) GetSystemIdentifier());
 
 	if (!inbox_begin_transaction())
 		return NIL;
-	run(STMT_SUBSCRIPTIONS, NULL, NULL, SPI_OK_SELECT);
+	run(STMT_SUBSCRIPTIONS, &system_identifier, NULL, SPI_OK_SELECT);
+	if (some_subscription_needs_binding())
+	{
+		bind_handlers_again(system_identifier);
+		run(STMT_SUBSCRIPTIONS, &system_identifier, NULL, SPI_OK_SELECT);
+	}
 	for (uint64 row = 0; row < SPI_processed; row++)
 	{
-		HeapTuple	t = SPI_tuptable->vals[row];
-		TupleDesc	d = SPI_tuptable->tupdesc;
 		MemoryContext spi = MemoryContextSwitchTo(caller);
-		InboxSubscription *s = palloc0(sizeof(InboxSubscription));
-		bool		isnull;
-		Datum	   *topics;
 
-		s->name = column_text(t, d, 1);
-		deconstruct_array(DatumGetArrayTypeP(column_datum(t, d, 2, &isnull)), TEXTOID, -1, false,
-						  TYPALIGN_INT, &topics, NULL, &s->topic_count);
-		s->topics = palloc(sizeof(char *) * s->topic_count);
-		for (int i = 0; i < s->topic_count; i++)
-			s->topics[i] = TextDatumGetCString(topics[i]);
-		s->handler = column_text(t, d, 3);
-		s->run_as = DatumGetObjectId(column_datum(t, d, 4, &isnull));
-		s->max_attempts = DatumGetInt32(column_datum(t, d, 5, &isnull));
-		s->from_earliest = DatumGetBool(column_datum(t, d, 6, &isnull));
-		s->created_at = DatumGetTimestampTz(column_datum(t, d, 7, &isnull));
-		s->search_path = column_text(t, d, 8);
-		s->handler_oid = DatumGetObjectId(column_datum(t, d, 9, &isnull));
-		s->subscribed_by = DatumGetObjectId(column_datum(t, d, 10, &isnull));
-		subscriptions = lappend(subscriptions, s);
+		subscriptions = lappend(subscriptions,
+								subscription_from_row(SPI_tuptable->vals[row], SPI_tuptable->tupdesc));
 		MemoryContextSwitchTo(spi);
 	}
 	inbox_commit_transaction(caller);

@@ -15,7 +15,10 @@
  * batches that came, then the retries that are due.  A consumer whose
  * batch could not be applied for a reason of the worker's own, or that
  * died, is stopped and started again after a pause, from the recorded
- * offsets: nothing it had read past them is lost.  The worker leaves when
+ * offsets: nothing it had read past them is lost; and the subscriptions are
+ * read again at once, which records a handler found dropped as none
+ * (inbox_store.c's bind_handlers_again()), for good, before a pg_upgrade
+ * or a restore could have it bound again by name.  The worker leaves when
  * its database has no subscription left, when the extension is not there,
  * and when the launcher hands its slot out again.
  *
@@ -120,6 +123,7 @@ static List *subscribers = NIL;
 static TimestampTz subscriptions_read_at = 0;
 static TimestampTz forget_at = 0;
 static bool woken = true;		/* the latch was set: read the subscriptions */
+static bool batch_failed = false;	/* read them again too */
 
 static bool
 same_strings(char **a, int a_count, char **b, int b_count)
@@ -213,9 +217,11 @@ refresh_subscriptions_when_due(void)
 	List	   *kept = NIL;
 	ListCell   *lc;
 
-	if (!woken && TimestampDifferenceMilliseconds(subscriptions_read_at, GetCurrentTimestamp())
+	if (!woken && !batch_failed &&
+		TimestampDifferenceMilliseconds(subscriptions_read_at, GetCurrentTimestamp())
 		< outbox_poll_interval)
 		return;
+	batch_failed = false;
 	read = inbox_read_subscriptions();
 	foreach(lc, read)
 	{
@@ -410,6 +416,8 @@ apply_batches(void)
 			sub->apply_error_mark = worker_error_mark();
 			stop_consumer(sub, CONSUMER_RESTART_PAUSE_MS);
 			batch->count = 0;
+			/* read them again now: a handler found dropped is recorded so at once */
+			batch_failed = true;
 		}
 		if (batch->count > 0)
 		{

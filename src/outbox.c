@@ -54,12 +54,25 @@ _PG_init(void)
  * The launcher is the one static worker: it starts the others
  * (launcher.c).  It needs no database, and none is written to before
  * recovery has finished.
+ *
+ * Not while pg_upgrade runs the server (binary-upgrade mode, -b): the old
+ * cluster is started only to be read, and a worker there would publish,
+ * consume and write what pg_upgrade has decided to copy as it was; the new
+ * one is being filled, by pg_upgrade alone, object by object at the oids
+ * it chooses.  The cluster pg_upgrade makes starts the workers when it is
+ * started as usual.
  */
 static void
 register_launcher(void)
 {
 	BackgroundWorker worker;
 
+	if (IsBinaryUpgrade)
+	{
+		ereport(LOG,
+				(errmsg("outbox: no worker is started: the server runs in binary-upgrade mode, for pg_upgrade")));
+		return;
+	}
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;

@@ -1,5 +1,5 @@
 # ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
-# 0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0) to the current one (0.8.0), with messages in
+# 0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0) to the current one (0.9.0), with messages in
 # every state: pending, retrying, sent (kept under outbox.sent_retention),
 # dead-lettered and (from 0.6.0) delayed; and from 0.5.0, which has the
 # inbox, inbox rows: offsets, a message waiting to retry and a dead letter,
@@ -37,7 +37,7 @@ use PostgreSQL::Test::Utils;
 use IPC::Run;
 use Test::More;
 
-my $current = '0.8.0';
+my $current = '0.9.0';
 
 sub upgrade_from
 {
@@ -64,6 +64,11 @@ $node->safe_psql('postgres', qq{
 # from 0.6.0 on, reading outbox_status takes outbox_topic_metrics() too
 $node->safe_psql('postgres', 'GRANT EXECUTE ON FUNCTION outbox_topic_metrics() TO monitor')
   if $from ge '0.6.0';
+# from 0.8.0 on, enqueueing takes a topic grant, which the update from
+# 0.7.0 gives app; and subscribing one, taken back before the update so
+# that the subscriptions wait for it as those of before 0.8.0 do
+my $has_grants = $from ge '0.8.0';
+$node->safe_psql('postgres', "SELECT outbox_grant_topic('app', '*', 'publish')") if $has_grants;
 
 my $has_inbox = $from ge '0.5.0';
 my $has_delay = $from ge '0.6.0';
@@ -73,11 +78,13 @@ my $kept = unique_topic("upgrade.$name.kept");
 if ($has_inbox)
 {
 	kafka_admin('create-topic', $kept);
+	$node->safe_psql('postgres', 'CREATE ROLE kept_svc');
+	$node->safe_psql('postgres', "SELECT outbox_grant_topic('kept_svc', 'upgrade.$name.*', 'subscribe')")
+	  if $has_grants;
 	$node->safe_psql('postgres', qq{
 		CREATE TABLE kept_applied (seq bigserial PRIMARY KEY, sub text, key text, payload text);
 		CREATE TABLE kept_failing (sub text, key text, PRIMARY KEY (sub, key));
 		INSERT INTO kept_failing VALUES ('kept_retrying', 'k-fail'), ('kept_dead', 'k-3');
-		CREATE ROLE kept_svc;
 		GRANT INSERT, SELECT ON kept_applied, kept_failing TO kept_svc;
 		GRANT USAGE ON SEQUENCE kept_applied_seq_seq TO kept_svc;
 		CREATE FUNCTION kept_apply(m inbox_message) RETURNS void LANGUAGE plpgsql AS \$\$
@@ -156,6 +163,8 @@ my $dead_before = $node->safe_psql('postgres',
 my $highest_id = $node->safe_psql('postgres',
 	'SELECT greatest((SELECT max(id) FROM outbox_message), (SELECT max(id) FROM outbox_dead_letter))');
 
+$node->safe_psql('postgres', "SELECT outbox_revoke_topic('kept_svc', 'upgrade.$name.*', 'subscribe')")
+  if $has_grants && $has_inbox;
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
 is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'outbox'"), $current,
 	"from $from, the extension is at $current");
@@ -334,12 +343,16 @@ for my $call ("SET ROLE app; SELECT outbox_requeue($dead_id)", 'SELECT outbox_di
 # kept, bound to none, and waits, saying why.
 if ($has_inbox)
 {
-	is($node->safe_psql('postgres', q{
+	# (from 0.8.0, whose subscriptions are bound already and record who
+	# subscribed, the worker finds the dropped handler and records the
+	# subscription as bound to none)
+	my $by = $has_grants ? $node->safe_psql('postgres', 'SELECT current_user') : 'kept_svc';
+	ok(wait_for_query($node, q{
 		SELECT string_agg(name || ' ' || CASE WHEN handler_oid = 0 THEN 'none'
 		                                      WHEN handler_oid = to_regprocedure(handler) THEN 'bound' END
-		                  || ' ' || subscribed_by, ',' ORDER BY name) FROM inbox_subscription}),
-		'kept_dead bound kept_svc,kept_orphan none kept_svc,kept_retrying bound kept_svc',
-		"$from: the update binds each subscription to its handler's function, or to none if it was dropped");
+		                  || ' ' || subscribed_by, ',' ORDER BY name) FROM inbox_subscription},
+		"kept_dead bound $by,kept_orphan none $by,kept_retrying bound $by", 60),
+		"$from: each subscription is bound to its handler's function, or to none if it was dropped");
 	$node->safe_psql('postgres', "SELECT outbox_enqueue('$kept.orphan', 'for the orphan'::text)");
 	ok(wait_for_query($node, q{SELECT last_error LIKE '%"kept_orphan"%its handler public.orphan_apply(public.inbox_message) was dropped%'
 			FROM inbox_worker}, 't', 60),
@@ -412,5 +425,5 @@ $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0', '0.7.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0', '0.7.0', '0.8.0');
 done_testing();

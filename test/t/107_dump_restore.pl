@@ -28,9 +28,10 @@
 # some messages, dead-lettered one and holds one for a retry (an hour
 # away).  Each restore has the source's rows in inbox_subscription,
 # inbox_offset, inbox_received, inbox_retry and inbox_dead_letter, column
-# by column (the oid of the function a subscription is bound to aside), the
-# handler still resolves and the subscription is bound to the restored
-# function, and new inbox_retry ids are above
+# by column (the oid of the function a subscription is bound to, and the
+# cluster where it was bound, aside), the handler still resolves and the
+# subscription is bound to the restored function, in the restored cluster,
+# and new inbox_retry ids are above
 # the restored ones.  Once Kafka is let in, the restored subscription is
 # served: a message enqueued after the restore is applied, the restored
 # ones are not applied again.  (pg_dump -Fc dumps one database, not its
@@ -177,8 +178,9 @@ my $dead_letters_query =
   'SELECT id, message_id, topic, key, md5(payload), attempts, created_at, failed_at, error FROM outbox_dead_letter ORDER BY id';
 my $source_dead_letters = $source->safe_psql('shop', $dead_letters_query);
 # The inbox's tables, every column of every row; but handler_oid, the oid
-# of the function a subscription is bound to, which a restore gives anew.
-my %inbox_query = map { ($_ => "SELECT string_agg((to_jsonb(t) - 'handler_oid')::text, E'\\n' ORDER BY t::text) FROM $_ t") }
+# of the function a subscription is bound to, which a restore gives anew,
+# and handler_bound_in, the cluster where it was bound.
+my %inbox_query = map { ($_ => "SELECT string_agg((to_jsonb(t) - 'handler_oid' - 'handler_bound_in')::text, E'\\n' ORDER BY t::text) FROM $_ t") }
   qw(inbox_subscription inbox_offset inbox_received inbox_retry inbox_dead_letter);
 my %source_inbox = map { ($_ => $source->safe_psql('shop', $inbox_query{$_})) } keys %inbox_query;
 is($source->safe_psql('shop', q{
@@ -239,9 +241,11 @@ for my $path (sort keys %restore)
 	  for sort keys %inbox_query;
 	is($node->safe_psql('shop', q{
 			SELECT handler, handler::regprocedure = 'apply_coupon(inbox_message)'::regprocedure,
-			       handler_oid = 'apply_coupon(inbox_message)'::regprocedure FROM inbox_subscription}),
-		'public.apply_coupon(public.inbox_message)|t|t',
-		"$path: the subscription's handler resolves, and the subscription is bound to the restored function");
+			       handler_oid = 'apply_coupon(inbox_message)'::regprocedure,
+			       handler_bound_in = (SELECT system_identifier FROM pg_control_system())
+			FROM inbox_subscription}),
+		'public.apply_coupon(public.inbox_message)|t|t|t',
+		"$path: the subscription's handler resolves, and the subscription is bound to the restored function, in the restored cluster");
 	# A new retry id (rolled back) is above every restored retry and dead letter.
 	is($node->safe_psql('shop', q{
 			BEGIN;

@@ -1,7 +1,11 @@
 # An inbox subscription's rights, as a hostile or careless role would try
 # them.  The handler is bound when subscribing to one function: once it is
 # dropped, a function of the same name and signature that another role
-# creates is never run, and the subscription waits, saying why in words.
+# creates is never run, and the subscription waits, saying why in words,
+# bound to no function for good (not bound again by name, even when marked
+# as bound in another cluster).  A subscription bound in another cluster
+# (pg_upgrade, a restore) whose old oid names another function here is
+# bound again by its handler's signature and the other function never runs.
 # Every right an ordinary call would need (EXECUTE, USAGE on the function's
 # schema, being a member of the run_as role) is checked when subscribing,
 # also for a handler given by its oid, and again before each batch: once one
@@ -122,7 +126,57 @@ is(applied('bound'), 'one by tenant_a', 'dropped: nothing more was applied');
 is(position('bound'), '1 0 0', 'dropped: the offset stays, nothing retries or is dead-lettered');
 like($node->safe_psql('postgres', "SELECT DISTINCT worker_last_error FROM inbox_status WHERE subscription = 'bound'"),
 	qr/"bound".*was dropped/, 'dropped: inbox_status says why too');
-$node->safe_psql('postgres', "SET ROLE tenant_a; SELECT inbox_unsubscribe('bound')");
+
+# The worker stored that the subscription is bound to no function (oid 0),
+# and 0 is never bound again by name: not even when the row says it was
+# bound in another cluster, as after pg_upgrade or a restore.
+ok(wait_for_query($node, "SELECT handler_oid FROM inbox_subscription WHERE name = 'bound'", '0', 30),
+	'dropped: the worker records that the subscription is bound to no function');
+$node->safe_psql('postgres', "UPDATE inbox_subscription SET handler_bound_in = 1 WHERE name = 'bound'");
+
+# 1b. pg_upgrade (or a restore with its triggers off) leaves an oid bound in
+# another cluster, which here names another function taking inbox_message:
+# the attacker's.  The subscription is bound again by its handler's
+# signature, before its first batch, and the other function is never called.
+my $moved_topic = unique_topic('binding.moved');
+kafka_admin('create-topic', $moved_topic);
+my $decoy_oid = $node->safe_psql('postgres', "SELECT 'app.handle(inbox_message)'::regprocedure::oid");
+$node->safe_psql('postgres', qq{
+	SET ROLE tenant_a;
+	CREATE FUNCTION app.handle_moved(m inbox_message) RETURNS void LANGUAGE sql
+	AS \$\$ INSERT INTO public.applied VALUES ('moved', convert_from(m.payload, 'UTF8'), current_user) \$\$;
+	BEGIN;
+	SELECT inbox_subscribe('moved', ARRAY['$moved_topic'], 'app.handle_moved(inbox_message)');
+	RESET ROLE;
+	UPDATE inbox_subscription SET handler_oid = $decoy_oid, handler_bound_in = 1 WHERE name = 'moved';
+	COMMIT;
+});
+enqueue($moved_topic, 'moved one');
+ok(wait_for_query($node, "SELECT count(*) FROM applied WHERE sub = 'moved'", '1', 60),
+	'moved: the subscription bound in another cluster applies its message');
+is(applied('moved'), 'moved one by tenant_a', 'moved: by its own handler, as its role');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM stolen'), '0',
+	'moved: the function its old oid names here never ran');
+is($node->safe_psql('postgres', q{
+	SELECT handler_oid = 'app.handle_moved(inbox_message)'::regprocedure,
+	       handler_bound_in = (SELECT system_identifier FROM pg_control_system())
+	FROM inbox_subscription WHERE name = 'moved'}),
+	't|t', 'moved: bound again to its handler, in this cluster');
+like(slurp_file($node->logfile),
+	qr/LOG:  inbox subscription "moved" was bound in another cluster \(system identifier 1\): its handler app\.handle_moved\(public\.inbox_message\) is bound again, to oid \d+ \(was $decoy_oid\)/,
+	'moved: the log says so');
+
+# The read that bound "moved" read "bound" too: it stays bound to none.
+is($node->safe_psql('postgres', "SELECT handler_oid FROM inbox_subscription WHERE name = 'bound'"), '0',
+	'dropped: bound to no function still, though marked as bound in another cluster');
+unlike(slurp_file($node->logfile), qr/inbox subscription "bound" was bound in another cluster/,
+	'dropped: never bound again by name');
+$since = now();
+enqueue($topic, 'four');
+ok(wait_for_reason($since, '%"bound"%was dropped%'), 'dropped: the subscription still waits, saying why');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM stolen'), '0',
+	"dropped: the other role's function of the same name never ran");
+$node->safe_psql('postgres', "SET ROLE tenant_a; SELECT inbox_unsubscribe('bound'); SELECT inbox_unsubscribe('moved')");
 
 # 2. A SECURITY DEFINER handler in a schema the subscriber has no USAGE
 # on, given by its oid (a name would not resolve).
