@@ -486,6 +486,41 @@ postgresql_bin() {
     esac
 }
 
+# valgrind_debuginfo_path BIN: for an install whose programs run on a C
+# library of their own (19's), print a directory for valgrind's
+# --extra-debuginfo-path holding that library's debug symbols (libc6-dbg of
+# the same version, fetched the private apt way), laid out as valgrind looks
+# for them: the object's own path, then its .gnu_debuglink name.  valgrind
+# cannot start without the dynamic linker's symbols.  Nothing for an install
+# on Debian 12's own C library.
+valgrind_debuginfo_path() {
+    local bin=${1:?usage: valgrind_debuginfo_path BIN} root dest version
+    root=$(cd "$bin/.." && pwd)/root
+    [ -d "$root" ] || { echo; return; }
+    dest=$(cd "$bin/.." && pwd)/debuginfo
+    [ -d "$dest" ] || _servers_locked _servers_with_tmp debuginfo _servers_fetch_libc_debuginfo "$root" "$dest" || return
+    echo "$dest"
+}
+
+_servers_fetch_libc_debuginfo() {
+    local root=$1 dest=$2 version deb object link id
+    version=$(sed -n 's/^libc6=//p' "$root/../packages") || return
+    deb=$tmp/deb
+    mkdir -p "$deb" "$tmp/out"
+    _servers_apt_update || return
+    (cd "$deb" && _servers_apt apt-get download "libc6-dbg=$version" >&2) || return
+    dpkg-deb -x "$deb"/libc6-dbg_*.deb "$deb/x" || return
+    for object in "$root"/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$root"/usr/lib/x86_64-linux-gnu/libc.so.6; do
+        object=$(readlink -f "$object")
+        link=$(objcopy --dump-section .gnu_debuglink=/dev/stdout "$object" /dev/null | tr '\0' '\n' | head -n 1)
+        id=$(readelf -n "$object" | awk '/Build ID/ { print $3 }')
+        [ -n "$link" ] && [ -n "$id" ] || _servers_die "$object has no debug link or build id" || return
+        mkdir -p "$tmp/out$(dirname "$object")"
+        cp "$deb/x/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" "$tmp/out$(dirname "$object")/$link" || return
+    done
+    mv "$tmp/out" "$dest"
+}
+
 # librdkafka_prefix VERSION: print the install prefix of librdkafka VERSION
 # (an empty line for Debian 12's own), building it first if needed.
 librdkafka_prefix() {
