@@ -145,7 +145,8 @@ typedef enum InboxStatement
  */
 static const StatementDef statement_defs[STMT_COUNT] = {
 	/*
-	 * handler_oid and subscribed_by are read from the row as jsonb, so that
+	 * handler_oid and subscribed_by are read from the row as jsonb (made
+	 * once a row), so that
 	 * the statement also reads a schema of before 0.8.0, which has neither:
 	 * until ALTER EXTENSION UPDATE binds them, its handlers are found by
 	 * their signature and its subscriptions' roles stand for who subscribed.
@@ -160,16 +161,15 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		"       created_at, search_path,"
 		"       coalesce(b.handler_oid, pg_catalog.to_regprocedure(handler)::pg_catalog.oid,"
 		"                0::pg_catalog.oid),"
-		"       coalesce((pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'subscribed_by')"
-		"                    ::pg_catalog.regrole::pg_catalog.oid,"
-		"                run_as::pg_catalog.oid),"
+		"       coalesce(b.subscribed_by, run_as::pg_catalog.oid),"
 		"       b.bound_in IS NOT NULL AND b.handler_oid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid"
 		"       AND (b.bound_in OPERATOR(pg_catalog.<>) $1 OR " HANDLER_GONE("b") ")"
 		"  FROM %1$s.inbox_subscription s,"
-		"       LATERAL (SELECT (pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_oid')"
-		"                           ::pg_catalog.oid AS handler_oid,"
-		"                       (pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'handler_bound_in')"
-		"                           ::pg_catalog.int8 AS bound_in) b"
+		"       LATERAL (SELECT pg_catalog.to_jsonb(s) AS r) j,"
+		"       LATERAL (SELECT (j.r OPERATOR(pg_catalog.->>) 'handler_oid')::pg_catalog.oid AS handler_oid,"
+		"                       (j.r OPERATOR(pg_catalog.->>) 'handler_bound_in')::pg_catalog.int8 AS bound_in,"
+		"                       (j.r OPERATOR(pg_catalog.->>) 'subscribed_by')"
+		"                           ::pg_catalog.regrole::pg_catalog.oid AS subscribed_by) b"
 		" ORDER BY name",
 		1, {INT8OID}, PLAN_ONCE
 	},

@@ -227,7 +227,18 @@ for my $synchronized (0, 1)
 	  : 'failover, asynchronous replication';
 	$primary = $standby;
 	$standby = start_standby($primary, $synchronized ? 'failover_d' : 'failover_c');
-	set_and_reload($primary, "outbox.synchronized_standby_slots = '$slot'") if $synchronized;
+	if ($synchronized)
+	{
+		set_and_reload($primary, "outbox.synchronized_standby_slots = '$slot'");
+		# From 17 the wait is also woken by the standby's reply when the slot
+		# is in PostgreSQL's own synchronized_standby_slots: that path, there.
+		if ($primary->safe_psql('postgres', 'SHOW server_version_num') >= 170000)
+		{
+			set_and_reload($primary, "synchronized_standby_slots = '$slot'");
+			ok(wait_for_query($primary, 'SHOW synchronized_standby_slots', $slot, 10),
+				"$scenario: PostgreSQL's own synchronized_standby_slots names the slot too");
+		}
+	}
 	@topics = new_topics();
 	($load, $acknowledged) = start_failover_load($primary, $standby, \@topics,
 		$synchronized ? 'slots' : 'async', 8);
