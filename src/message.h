@@ -110,7 +110,8 @@ typedef struct OutboxMessage
 	int			error_code;		/* rd_kafka_resp_err_t when not DELIVERY_OK */
 	const char *error;			/* librdkafka's text for it, a static string */
 	bool		possibly_persisted;
-	bool		produced_alone; /* sent again on its own after a refusal for size */
+	bool		produced_alone; /* sent again on its own after a refusal
+								 * that may have been another's */
 	int32		partition;
 	int64		offset;
 } OutboxMessage;

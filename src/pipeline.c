@@ -326,20 +326,23 @@ produce_batch(Pipeline *p, Batch *batch)
 }
 
 /*
- * Kafka refuses a whole record batch when it is larger than the topic
- * allows, so one message too large for its topic gets the messages sent with
- * it refused too.  Produce each message refused for its size again, alone,
- * in id order, so that the refusal, if it comes again, is its own.  One that
- * is delivered now comes after any later message of its key delivered the
- * first time: the caller holds its key, so that those are sent again after
- * it.  One whose turn does not come, because the producer failed, is left as
- * not sent.  healthy says whether the producer still works; returns whether
- * it still does.
+ * Kafka refuses a whole record batch for one record's fault, one too large
+ * for its topic or one invalid, so a message can be refused for the messages
+ * sent with it (producer_refused_with_others()).  Produce each message so
+ * refused again, alone, in id order, so that its refusal, if it comes again,
+ * is its own.  One whose key an earlier message of the batch holds, not
+ * delivered and to be tried again, is not: it stays not sent, behind that
+ * one.  One delivered now comes after any later message of its key delivered
+ * the first time: the caller holds its key, so that those are sent again
+ * after it.  One whose turn does not come, because the producer failed, is
+ * left as not sent.  healthy says whether the producer still works; returns
+ * whether it still does.
  */
 static bool
-produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch,
-							   bool healthy)
+produce_alone_refused_with_others(OutboxProducer *producer, Batch *batch,
+								  bool healthy)
 {
+	HTAB	   *held;
 	int			produced = 0;
 
 	for (int i = 0; i < batch->count; i++)
@@ -348,21 +351,27 @@ produce_alone_refused_for_size(OutboxProducer *producer, Batch *batch,
 	if (produced < 2)
 		return healthy;			/* it was alone already */
 
+	held = make_key_set(batch->count);
 	for (int i = 0; i < batch->count; i++)
 	{
 		OutboxMessage *m = &batch->messages[i];
 
-		if (!producer_refused_for_size(m))
-			continue;
-		if (!healthy)
+		if (producer_refused_with_others(m))
 		{
-			m->outcome = DELIVERY_NOT_SENT;
-			continue;
+			if (healthy && !key_is_held(held, m))
+			{
+				m->produced_alone = true;
+				producer_produce(producer, m, 1);
+				healthy = producer_await_deliveries(producer);
+			}
+			else
+				m->outcome = DELIVERY_NOT_SENT;
 		}
-		m->produced_alone = true;
-		producer_produce(producer, m, 1);
-		healthy = producer_await_deliveries(producer);
+		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
+			m->outcome == DELIVERY_PENDING)
+			hold_key(held, m);
 	}
+	hash_destroy(held);
 	return healthy;
 }
 
@@ -457,7 +466,7 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension)
 
 	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
 	healthy = producer_await_deliveries(p->producer);
-	healthy = produce_alone_refused_for_size(p->producer, batch, healthy);
+	healthy = produce_alone_refused_with_others(p->producer, batch, healthy);
 	acked_at = GetCurrentTimestamp();	/* every report of the batch is in */
 	hold_back_behind_failures(batch);
 	if (!healthy || producer_failed_fatally(p->producer))

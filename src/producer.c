@@ -153,6 +153,15 @@ send_request(OutboxProducer *producer, WireFrameType type, bool with_value, uint
 }
 
 /*
+ * librdkafka 2.5 and later (KIP-467) give this to the records of a produce
+ * request that the broker refused for another record's fault: they were not
+ * written, and are sent again without an attempt charged.  Named here, as
+ * earlier headers lack it and a build against them may run with a later
+ * library of the same soname.
+ */
+#define ERR_REFUSED_FOR_ANOTHER_RECORD ((rd_kafka_resp_err_t) -138)
+
+/*
  * What a Kafka error means for the message.  librdkafka 2.0.2 has no
  * classifier for delivery errors, so these are the ones that no retry can
  * cure; everything else is retried with backoff.
@@ -160,6 +169,8 @@ send_request(OutboxProducer *producer, WireFrameType type, bool with_value, uint
 static DeliveryOutcome
 classify_error(rd_kafka_resp_err_t err)
 {
+	if (err == ERR_REFUSED_FOR_ANOTHER_RECORD)
+		return DELIVERY_NOT_SENT;	/* not in 2.0.2's enum */
 	switch (err)
 	{
 		case RD_KAFKA_RESP_ERR_NO_ERROR:
@@ -226,10 +237,20 @@ handle_error(OutboxProducer *producer, KafkaLink *link, WireReader *r)
 		worker_report_error(LOG, "fatal producer error, rebuilding the producer: %s", text);
 		return;
 	}
-	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
-		err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
-		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
-		err == RD_KAFKA_RESP_ERR__RESOLVE)
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+	{
+		/*
+		 * Said again at each reconnection by librdkafka 2.14, after the
+		 * cause, which it says only every 30 s: last_error keeps the cause.
+		 */
+		if (!worker_brokers_known_reachable())
+			return;
+		worker_report_brokers_reachable(false);
+	}
+	else if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+			 err == RD_KAFKA_RESP_ERR__SSL ||
+			 err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+			 err == RD_KAFKA_RESP_ERR__RESOLVE)
 		worker_report_brokers_reachable(false);
 	/* librdkafka's log, which kafka_link.c's handle_log serves, says it already */
 	worker_report_error(DEBUG1, "%s", text);
@@ -497,16 +518,22 @@ producer_await_deliveries(OutboxProducer *producer)
 }
 
 /*
- * Did Kafka refuse the message as too large?  The broker refuses a whole
- * record batch when it is larger than the topic allows, so a message can be
- * refused for the size of the messages sent with it.
+ * Was the message refused for good with a reason that may belong to the
+ * messages sent with it?  The broker refuses a whole record batch when it is
+ * larger than the topic allows, or when one of its records is invalid.
+ * librdkafka 2.0.2 gives each record the batch's error; 2.5 and later tell
+ * the invalid records from the others, but once two are invalid they give
+ * each of them INVALID_RECORD, whatever the broker's own reason was (an
+ * out-of-range timestamp, which is retried, among them).  Alone, a message's
+ * refusal, and its reason, are its own.
  */
 bool
-producer_refused_for_size(const OutboxMessage *message)
+producer_refused_with_others(const OutboxMessage *message)
 {
 	return message->outcome == DELIVERY_PERMANENT &&
 		(message->error_code == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-		 message->error_code == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE);
+		 message->error_code == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE ||
+		 message->error_code == RD_KAFKA_RESP_ERR_INVALID_RECORD);
 }
 
 /* For outbox_simulate_fatal_error(): the error an idempotent producer can raise. */

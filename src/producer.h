@@ -22,7 +22,7 @@ extern void producer_serve_events(OutboxProducer *producer);
 extern bool producer_brokers_reachable(OutboxProducer *producer, int timeout_ms);
 extern void producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count);
 extern bool producer_await_deliveries(OutboxProducer *producer);
-extern bool producer_refused_for_size(const OutboxMessage *message);
+extern bool producer_refused_with_others(const OutboxMessage *message);
 extern void producer_simulate_fatal_error(OutboxProducer *producer);
 
 #endif							/* OUTBOX_PRODUCER_H */

@@ -79,5 +79,28 @@ is_deeply([ map { $_->{value} } @{ consume_topics(topics => [$norep], expect => 
 is(length(consume_topics(topics => [$small], expect => 2, timeout => 30)->[1]{value}), 1000,
 	'the oversized message arrives once the topic takes it');
 
+# A record the broker refuses makes it refuse the records sent with it: a
+# compacted topic takes no record without a key.  Each message so refused is
+# sent again alone: the one without a key is dead-lettered at once, the others
+# are delivered, in order, on their first attempt.
+my $compacted = unique_topic('poison.compacted');
+kafka_admin('create-topic', $compacted, '--partitions', 1, '--config', 'cleanup.policy=compact');
+my $counts_before = $node->safe_psql('postgres', 'SELECT failed, dead_lettered FROM outbox_worker');
+$node->safe_psql('postgres', qq{
+	SELECT outbox_enqueue('$compacted', 'keyed ' || i, 'k-compacted') FROM generate_series(1, 3) i;
+	SELECT outbox_enqueue('$compacted', 'without a key'::text);
+	SELECT outbox_enqueue('$compacted', 'keyed ' || i, 'k-compacted') FROM generate_series(4, 6) i;
+});
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$compacted'", '0', 30),
+	'the messages sent with a refused one leave the outbox');
+is($node->safe_psql('postgres', "SELECT attempts, convert_from(payload, 'UTF8'), error FROM outbox_dead_letter WHERE topic = '$compacted'"),
+	'1|without a key|Broker: Broker failed to validate record',
+	'only the refused one is dead-lettered, at once, with the broker\'s reason');
+is_deeply([ map { $_->{value} } @{ consume_topics(topics => [$compacted], expect => 6, timeout => 30) } ],
+	[ map { "keyed $_" } 1 .. 6 ], 'the others arrive, in order');
+my ($failed, $dead_lettered) = split /\|/, $counts_before;
+is($node->safe_psql('postgres', 'SELECT failed, dead_lettered FROM outbox_worker'),
+	"$failed|" . ($dead_lettered + 1), 'outbox_worker counts one dead letter and no failed attempt');
+
 $node->stop('fast');
 done_testing();

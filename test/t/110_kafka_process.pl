@@ -82,7 +82,8 @@ like(slurp_file($node->logfile),
 	'the log says how the Kafka process ended');
 
 # A setting that makes librdkafka 2.0.2 segfault about 10 s after its
-# producer starts, and quote the secret in its error first.
+# producer starts, and quote the secret in its error first (as later
+# versions do too).
 my $secret = 'S3cretLife' . int(rand(1e9));
 my $crashing = 'security.protocol=SASL_PLAINTEXT; sasl.mechanisms=OAUTHBEARER; '
   . 'enable.sasl.oauthbearer.unsecure.jwt=true; '
@@ -100,15 +101,25 @@ my $last_error = $node->safe_psql('postgres', 'SELECT last_error FROM outbox_wor
 unlike($last_error, qr/\Q$secret\E/, 'without the secret it quoted') or diag($last_error);
 like($last_error, qr/\*{8}/, 'which is masked there');
 
+# librdkafka 2.0.2 crashes on it by itself, in each Kafka process the worker
+# starts; later versions, which fixed that, get each of theirs crashed here,
+# for the same crash loop.
+my $crashes_by_itself = `pkg-config --modversion rdkafka` =~ /^2\.0\./;
 my $deadline = time() + 90;
-my $crashes = 0;
+my ($crashes, $crashed) = (0, '');
 while (time() < $deadline && $crashes < 2)
 {
 	$crashes = () = substr(slurp_file($node->logfile), $log_offset)
 	  =~ /the Kafka process was terminated by signal/g;
+	my $pid = kafka_process();
+	if (!$crashes_by_itself && $pid ne '' && $pid ne $crashed)
+	{
+		kill 'SEGV', $pid;
+		$crashed = $pid;
+	}
 	sleep(0.5);
 }
-cmp_ok($crashes, '>=', 2, 'the crashing setting crashes the Kafka process, again and again');
+cmp_ok($crashes, '>=', 2, 'with that setting, the Kafka process crashes again and again');
 $node->safe_psql('postgres', "SELECT outbox_enqueue('$topic', 'enqueued while librdkafka crashes'::text, 'k')");
 server_and_worker_stayed('librdkafka crashing on a setting');
 unlike(substr(slurp_file($node->logfile), $log_offset), qr/\Q$secret\E/,
