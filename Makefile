@@ -163,10 +163,14 @@ installcheck-kafka-quick:
 
 # The TAP tests run as PGXS's prove_installcheck would run them, but also
 # against a server built without --enable-tap-tests (PyPI's builds), whose
-# pgxs defines no prove_installcheck: $(call run_tap,TESTS,JOBS).
+# pgxs defines no prove_installcheck: $(call run_tap,TESTS,JOBS).  The
+# framework of 15 finds tmp_check under TESTDIR; later ones (19's own, which
+# the tests use there) under TESTDATADIR, and the log under TESTLOGDIR, else
+# at relative paths that a server resolves from its data directory.
 PROVE := $(or $(PROVE),prove)
 define run_tap
-cd $(srcdir) && TESTDIR='$(CURDIR)' PATH="$(bindir):$(CURDIR):$$PATH" PGPORT='6$(DEF_PGPORT)' \
+cd $(srcdir) && TESTDIR='$(CURDIR)' TESTDATADIR='$(CURDIR)/tmp_check' TESTLOGDIR='$(CURDIR)/tmp_check/log' \
+  PATH="$(bindir):$(CURDIR):$$PATH" PGPORT='6$(DEF_PGPORT)' \
   PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' \
   $(PROVE) $(PG_PROVE_FLAGS) $(PROVE_FLAGS) -j$(2) $(1)
 endef
