@@ -379,13 +379,19 @@ produce_alone_refused_with_others(OutboxProducer *producer, Batch *batch,
  * Keep per-key order in a batch's outcomes: once a message of a key is not
  * delivered, the later messages of that key are neither recorded as
  * delivered ahead of it nor charged an attempt: they stay as they were, and
- * the claim holds them back until their turn.  Sets settled_whole if every
- * message was delivered or dead-lettered, so that no key is held back.
+ * the claim holds them back until their turn.  A message produced alone
+ * (produce_alone_refused_with_others()) reached Kafka after the later
+ * messages of its key delivered the first time, in another request: those
+ * are not recorded as delivered either, so that they are sent again after
+ * it; the later ones produced alone came after it, in id order.  Sets
+ * settled_whole if every message was delivered or dead-lettered, so that no
+ * key is held back.
  */
 static void
 hold_back_behind_failures(Batch *batch)
 {
 	HTAB	   *held = make_key_set(batch->count);
+	HTAB	   *sent_late = make_key_set(batch->count);
 
 	batch->settled_whole = true;
 	for (int i = 0; i < batch->count; i++)
@@ -395,19 +401,20 @@ hold_back_behind_failures(Batch *batch)
 		if (m->outcome == DELIVERY_PENDING)
 			m->outcome = DELIVERY_NOT_SENT;
 
-		/*
-		 * A message not delivered holds its key; so does one produced alone,
-		 * which Kafka got after the later messages of its key.
-		 */
 		if ((m->outcome == DELIVERY_OK || m->outcome == DELIVERY_RETRY) &&
-			key_is_held(held, m))
+			(key_is_held(held, m) ||
+			 (!m->produced_alone && key_is_held(sent_late, m))))
 			m->outcome = DELIVERY_NOT_SENT; /* its turn comes after the held one */
-		else if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
-				 (m->outcome == DELIVERY_OK && m->produced_alone))
-			hold_key(held, m);
+
 		if (m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT)
+		{
+			hold_key(held, m);
 			batch->settled_whole = false;
+		}
+		else if (m->outcome == DELIVERY_OK && m->produced_alone)
+			hold_key(sent_late, m);
 	}
+	hash_destroy(sent_late);
 	hash_destroy(held);
 }
 

@@ -14,7 +14,10 @@ my $node = outbox_node('dead_letter', conf => join("\n",
 		"outbox.max_attempts = 3",
 		"outbox.retry_backoff_base = '2s'",
 		"outbox.retry_backoff_max = '4s'",
-		"outbox.kafka_properties = 'message.timeout.ms=2000'"));
+		# Four records at most to a request, and none sent before the Kafka
+		# process has produced the whole batch and flushes it, so that the
+		# last cases below make the requests they mean to.
+		"outbox.kafka_properties = 'message.timeout.ms=2000; linger.ms=500; batch.num.messages=4'"));
 
 my $small = unique_topic('poison.small');    # refuses records over 200 bytes
 my $norep = unique_topic('poison.stale');    # refuses every record older than the broker's clock
@@ -82,25 +85,48 @@ is(length(consume_topics(topics => [$small], expect => 2, timeout => 30)->[1]{va
 # A record the broker refuses makes it refuse the records sent with it: a
 # compacted topic takes no record without a key.  Each message so refused is
 # sent again alone: the one without a key is dead-lettered at once, the others
-# are delivered, in order, on their first attempt.
-my $compacted = unique_topic('poison.compacted');
-kafka_admin('create-topic', $compacted, '--partitions', 1, '--config', 'cleanup.policy=compact');
+# are delivered, in order, once, and on their first attempt.
 my $counts_before = $node->safe_psql('postgres', 'SELECT failed, dead_lettered FROM outbox_worker');
-$node->safe_psql('postgres', qq{
-	SELECT outbox_enqueue('$compacted', 'keyed ' || i, 'k-compacted') FROM generate_series(1, 3) i;
-	SELECT outbox_enqueue('$compacted', 'without a key'::text);
-	SELECT outbox_enqueue('$compacted', 'keyed ' || i, 'k-compacted') FROM generate_series(4, 6) i;
-});
-ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$compacted'", '0', 30),
-	'the messages sent with a refused one leave the outbox');
-is($node->safe_psql('postgres', "SELECT attempts, convert_from(payload, 'UTF8'), error FROM outbox_dead_letter WHERE topic = '$compacted'"),
-	'1|without a key|Broker: Broker failed to validate record',
-	'only the refused one is dead-lettered, at once, with the broker\'s reason');
-is_deeply([ map { $_->{value} } @{ consume_topics(topics => [$compacted], expect => 6, timeout => 30) } ],
-	[ map { "keyed $_" } 1 .. 6 ], 'the others arrive, in order');
 my ($failed, $dead_lettered) = split /\|/, $counts_before;
+
+# refused_with_keyless(NAME, KEYED BEFORE, KEYED AFTER): the keyed messages
+# of one key around one without a key, in one transaction, to a compacted
+# topic of one partition; returns the values Kafka holds once the outbox is
+# empty.
+sub refused_with_keyless
+{
+	my ($name, $before, $after) = @_;
+	my $topic = unique_topic("poison.$name");
+	kafka_admin('create-topic', $topic, '--partitions', 1, '--config', 'cleanup.policy=compact');
+	$node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT outbox_enqueue('$topic', 'keyed ' || i, 'k-compacted') FROM generate_series(1, $before) i;
+		SELECT outbox_enqueue('$topic', 'without a key'::text);
+		SELECT outbox_enqueue('$topic', 'keyed ' || i, 'k-compacted')
+		  FROM generate_series($before + 1, $before + $after) i;
+		COMMIT;
+	});
+	ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$topic'", '0', 30),
+		"$name: the messages sent with a refused one leave the outbox");
+	is($node->safe_psql('postgres',
+			"SELECT attempts, convert_from(payload, 'UTF8'), error FROM outbox_dead_letter WHERE topic = '$topic'"),
+		'1|without a key|Broker: Broker failed to validate record',
+		"$name: only the refused one is dead-lettered, at once, with the broker's reason");
+	return [ map { $_->{value} } @{ consume_topics(topics => [$topic], idle => 3, timeout => 30) } ];
+}
+
+# One request of four records.
+is_deeply(refused_with_keyless('one_request', 2, 1), [ map { "keyed $_" } 1 .. 3 ],
+	'one request: the others arrive once each, in order');
+
+# Two requests: the first, three keyed records and the one without a key, is
+# refused; the second, the three later keyed ones, is taken first.  Those are
+# sent again after the first three, so that their second copies are in order.
+is_deeply(refused_with_keyless('two_requests', 3, 3), [ map { "keyed $_" } 4 .. 6, 1 .. 6 ],
+	'two requests: the later ones Kafka took first arrive again after the earlier ones');
+
 is($node->safe_psql('postgres', 'SELECT failed, dead_lettered FROM outbox_worker'),
-	"$failed|" . ($dead_lettered + 1), 'outbox_worker counts one dead letter and no failed attempt');
+	"$failed|" . ($dead_lettered + 2), 'outbox_worker counts the dead letters and no failed attempt');
 
 $node->stop('fast');
 done_testing();
