@@ -17,6 +17,7 @@ OBJS = \
 	src/capture.o \
 	src/capture_row.o \
 	src/capture_settings.o \
+	src/commit_report.o \
 	src/enqueue.o \
 	src/inbox_apply.o \
 	src/inbox_rights.o \

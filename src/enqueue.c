@@ -35,6 +35,7 @@
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
+#include "commit_report.h"
 #include "enqueue.h"
 #include "key_lock.h"
 #include "message.h"
@@ -76,6 +77,9 @@ static bool wake_worker_at_commit = false;
 
 /* The lowest id this transaction wrote, while wake_worker_at_commit is set. */
 static int64 lowest_id_written;
+
+/* Set once commit_report_write() has reported it, before the commit. */
+static bool reported_before_commit = false;
 
 /* When the first delayed message it wrote is due; DT_NOEND if it wrote none. */
 static TimestampTz earliest_delayed_due = DT_NOEND;
@@ -879,14 +883,14 @@ outbox_message_check(PG_FUNCTION_ARGS)
 }
 
 /*
- * At commit of a transaction that wrote outbox rows, tell the publisher of
+ * As a transaction that wrote outbox rows commits, tell the publisher of
  * this database the lowest id it wrote (which its claim may have passed
- * while the transaction was in progress: see store.c's claim floor) and
- * wake it, once however many rows it wrote; or, if no publisher serves this
- * database, tell the launcher (serving.c).  The callback runs once the
- * transaction is visible to new snapshots.  A prepared transaction's rows
- * commit later, from any session: its lowest id holds the claim floor down
- * until no prepared transaction is left.  An abort forgets it all.
+ * while the transaction was in progress: see store.c's claim floor), before
+ * the rows are visible (commit_report.c); once they are, wake it, once
+ * however many rows it wrote, or, if no publisher serves this database,
+ * tell the launcher (serving.c).  A prepared transaction's rows commit
+ * later, from any session: its lowest id holds the claim floor down until
+ * no prepared transaction is left.  An abort forgets it all.
  */
 static void
 wake_worker_at_transaction_end(XactEvent event, void *arg)
@@ -896,9 +900,14 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 
 	switch (event)
 	{
+		case XACT_EVENT_PRE_COMMIT:
+			reported_before_commit = commit_report_write(lowest_id_written);
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
+			if (!reported_before_commit)
+				worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
+			reported_before_commit = false;
 			if (earliest_delayed_due != DT_NOEND)
 				worker_note_delayed_message(MyDatabaseId, earliest_delayed_due);
 			if (!worker_wake_publisher(MyDatabaseId))
@@ -913,6 +922,7 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			reported_before_commit = false;
 			wake_worker_at_commit = false;
 			earliest_delayed_due = DT_NOEND;
 			break;

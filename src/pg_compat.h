@@ -28,6 +28,7 @@
 #include "replication/slot.h"
 #include "storage/latch.h"
 #include "storage/lock.h"
+#include "storage/proc.h"
 #include "storage/shmem.h"
 #include "utils/acl.h"
 #include "utils/jsonb.h"
@@ -36,6 +37,14 @@
 #if PG_VERSION_NUM >= 170000
 #include "replication/walsender_private.h"
 #include "storage/condition_variable.h"
+#endif
+
+/*
+ * 17 numbered the processes' PGPROC entries by MyProcNumber; before, each
+ * PGPROC said its own.  A backend's number is below MaxBackends either way.
+ */
+#if PG_VERSION_NUM < 170000
+#define MyProcNumber (MyProc->pgprocno)
 #endif
 
 /* 16 moved the varlena macros out of postgres.h into varatt.h. */

@@ -54,6 +54,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define MAX_MAX_ATTEMPTS 1000000
 #define MIN_POLL_INTERVAL_MS 10
 #define MAX_MAX_WAKE_DELAY_MS 1000
+#define MAX_CLAIM_SNAPSHOT_DELAY_MS 1000
 #define MAX_MAX_WORKERS 1024
 #define MAX_MAX_SUBSCRIPTIONS 10000
 
@@ -63,6 +64,7 @@ int			outbox_retry_backoff_base = DEFAULT_RETRY_BACKOFF_BASE_MS;
 int			outbox_retry_backoff_max = DEFAULT_RETRY_BACKOFF_MAX_MS;
 int			outbox_max_attempts = DEFAULT_MAX_ATTEMPTS;
 int			outbox_poll_interval = DEFAULT_POLL_INTERVAL_MS;
+int			outbox_claim_snapshot_delay = 0;
 int			outbox_max_wake_delay = DEFAULT_MAX_WAKE_DELAY_MS;
 int			outbox_max_record_size = DEFAULT_MAX_RECORD_SIZE;
 int			outbox_sent_retention = DEFAULT_SENT_RETENTION_S;
@@ -264,6 +266,15 @@ define_publisher_loop_settings(void)
 							&outbox_max_wake_delay,
 							DEFAULT_MAX_WAKE_DELAY_MS, 0, MAX_MAX_WAKE_DELAY_MS,
 							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	/* a developer option: a test widens with it a window it must close */
+	DefineCustomIntVariable("outbox.claim_snapshot_delay",
+							"For tests: how long the worker waits before each claim takes its snapshot.",
+							"Leave it at 0.",
+							&outbox_claim_snapshot_delay,
+							0, 0, MAX_CLAIM_SNAPSHOT_DELAY_MS,
+							PGC_SIGHUP, GUC_UNIT_MS | GUC_NOT_IN_SAMPLE,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.sent_retention",

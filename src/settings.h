@@ -22,6 +22,7 @@ extern int	outbox_retry_backoff_base;
 extern int	outbox_retry_backoff_max;
 extern int	outbox_max_attempts;
 extern int	outbox_poll_interval;
+extern int	outbox_claim_snapshot_delay;
 extern int	outbox_max_wake_delay;
 extern int	outbox_max_record_size;
 extern int	outbox_sent_retention;

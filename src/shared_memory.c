@@ -1,12 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * shared_memory.c
- *	  The outbox's shared memory, one piece for its three owners
+ *	  The outbox's shared memory, one piece for its four owners
  *	  (slot_internal.h): asked for as the postmaster starts, sized for
- *	  outbox.max_workers slots, and made (or found made) as each process
- *	  starts.  What is in it, and its locking rules, are worker_slot.c's
- *	  (the publishers' slots), inbox_slot.c's (each slot's inbox part) and
- *	  launcher_slot.c's (the launcher's part).
+ *	  outbox.max_workers slots and MaxBackends commit reports, and made (or
+ *	  found made) as each process starts.  What is in it, and its locking
+ *	  rules, are worker_slot.c's (the publishers' slots), inbox_slot.c's
+ *	  (each slot's inbox part), launcher_slot.c's (the launcher's part) and
+ *	  commit_report.c's (the backends' commit reports).
  *
  *-------------------------------------------------------------------------
  */
@@ -27,12 +28,19 @@ OutboxShared *outbox_shared = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-/* The size of the outbox's shared memory, for outbox.max_workers slots. */
+/* Where the commit reports begin, after outbox.max_workers slots. */
+static Size
+commit_reports_offset(void)
+{
+	return MAXALIGN(add_size(offsetof(OutboxShared, slots),
+							 mul_size(sizeof(OutboxWorkerSlot), outbox_max_workers)));
+}
+
+/* The size of the outbox's shared memory, with a commit report per backend. */
 static Size
 shared_size(void)
 {
-	return add_size(offsetof(OutboxShared, slots),
-					mul_size(sizeof(OutboxWorkerSlot), outbox_max_workers));
+	return add_size(commit_reports_offset(), mul_size(sizeof(CommitReport), MaxBackends));
 }
 
 /* Ask for the shared memory and launcher_lock, as the postmaster starts. */
@@ -78,6 +86,11 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u64(&slot->inbox.failed, 0);
 			pg_atomic_init_u64(&slot->inbox.dead_lettered, 0);
 		}
+		outbox_shared->commit_reports =
+			(CommitReport *) ((char *) outbox_shared + commit_reports_offset());
+		outbox_shared->commit_report_count = MaxBackends;
+		for (int i = 0; i < MaxBackends; i++)
+			SpinLockInit(&outbox_shared->commit_reports[i].mutex);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -2,10 +2,11 @@
  *
  * slot_internal.h
  *	  The outbox's shared memory as its owners see it: the publishers'
- *	  slots (worker_slot.c), the launcher's part (launcher_slot.c) and each
- *	  slot's inbox part (inbox_slot.c), all in one piece that
- *	  shared_memory.c allocates.  Private to those four files; every other
- *	  file goes through worker_slot.h, launcher_slot.h or inbox_slot.h.
+ *	  slots (worker_slot.c), the launcher's part (launcher_slot.c), each
+ *	  slot's inbox part (inbox_slot.c) and the backends' commit reports
+ *	  (commit_report.c), all in one piece that shared_memory.c allocates.
+ *	  Private to those five files; every other file goes through
+ *	  worker_slot.h, launcher_slot.h, inbox_slot.h or commit_report.h.
  *	  The locking rule is in each owner's header comment.
  *
  *-------------------------------------------------------------------------
@@ -65,9 +66,9 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 retries_scheduled;
 	pg_atomic_uint64 dead_lettered;
 	pg_atomic_uint32 fatal_error_drill; /* see outbox_simulate_fatal_error() */
-	pg_atomic_uint64 committed_below;	/* lowest id committed since the worker
-										 * last looked, or NO_ID (store.c's
-										 * claim floor) */
+	pg_atomic_uint64 committed_below;	/* lowest id of a commit report
+										 * handed over since the worker last
+										 * looked, or NO_ID (commit_report.c) */
 	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
 										 * or NO_ID */
 	pg_atomic_uint64 delayed_due;	/* earliest time a delayed message
@@ -110,11 +111,28 @@ typedef struct LauncherShared
  */
 #define NO_ID PG_UINT64_MAX
 
-/* All of it, one piece of shared memory. */
+/*
+ * A backend's report of the rows its transaction is committing
+ * (commit_report.c), at its number (MyProcNumber), under its spinlock.
+ */
+typedef struct CommitReport
+{
+	slock_t		mutex;
+	Oid			database;		/* InvalidOid: none, or taken */
+	TransactionId xid;
+	int64		lowest;			/* the lowest id the transaction wrote */
+} CommitReport;
+
+/*
+ * All of it, one piece of shared memory: the slots, then a commit report
+ * for each of MaxBackends.
+ */
 typedef struct OutboxShared
 {
 	LWLock	   *launcher_lock;
 	LauncherShared launcher;
+	CommitReport *commit_reports;
+	int			commit_report_count;
 	int			slot_count;
 	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxShared;

@@ -32,6 +32,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "commit_report.h"
 #include "metrics.h"
 #include "pg_compat.h"
 #include "settings.h"
@@ -237,7 +238,9 @@ static StatementSet statements = {statement_defs, STMT_COUNT};
  *
  * - a transaction that committed rows below it (it drew their ids before
  *   the floor passed them, and committed after): each reports its lowest
- *   id at commit, after it is visible (enqueue.c, worker_lower_claim_floor());
+ *   id as it commits, before it is visible, and the first claim whose
+ *   snapshot shows it ended starts from there (commit_report.c,
+ *   lower_floor_for_commits());
  * - a prepared transaction, which may commit at any time later: its lowest
  *   id holds the floor down until no prepared transaction is left in the
  *   database (worker_hold_claim_floor());
@@ -606,11 +609,11 @@ prepared_transactions_exist(void)
 }
 
 /*
- * Where this claim starts: the floor, let down by what committed below it
- * since the last claim, and held down by prepared transactions; with
- * *known false, from the left edge (see "The claim floor").  Called before
- * the claim takes its snapshot, so that any transaction that reported its
- * ids in time is visible to it.
+ * Where this claim starts, as far as is known before its snapshot: the
+ * floor, held down by prepared transactions; with *known false, from the
+ * left edge (see "The claim floor").  Called before the claim takes its
+ * snapshot, so that the rows of a prepared transaction found committed
+ * since are visible to it.
  */
 static int64
 claim_floor_for_claim(bool *known)
@@ -632,7 +635,6 @@ claim_floor_for_claim(bool *known)
 		next_retry_at = 0;
 		claim_floor_rescanned_at = now;
 	}
-	store_lower_claim_floor(worker_take_claim_floor_request());
 	if (worker_claim_floor_held(&prepared) &&
 		!prepared_transactions_exist() && worker_release_claim_floor(prepared))
 	{
@@ -644,6 +646,26 @@ claim_floor_for_claim(bool *known)
 	if (floor == PG_INT64_MIN)
 		*known = false;			/* from the left edge, without a bound to probe */
 	return floor;
+}
+
+/*
+ * Let the floor down by what committed below it since the last claim, once
+ * the claim has its snapshot (commit_report.c): the reports of transactions
+ * the snapshot shows ended, and what was handed over, which also goes to
+ * the next claim, whose snapshot is sure to show its transactions.  Returns
+ * floor, let down.
+ */
+static int64
+lower_floor_for_commits(int64 floor, Snapshot snapshot)
+{
+	static int64 handed_over_last = PG_INT64_MAX;
+	int64		ended = commit_report_take_ended(snapshot);
+	int64		handed_over = worker_take_claim_floor_request();
+	int64		lowest = Min(Min(ended, handed_over), handed_over_last);
+
+	handed_over_last = handed_over;
+	store_lower_claim_floor(lowest);
+	return Min(floor, lowest);
 }
 
 /* May a retry be due now?  Asks the table only when one may be. */
@@ -716,7 +738,10 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	c.full = max_count <= 0;
 	c.context = CurrentMemoryContext;
 
+	if (outbox_claim_snapshot_delay > 0)
+		pg_usleep(outbox_claim_snapshot_delay * 1000L);
 	PushActiveSnapshot(GetTransactionSnapshot());
+	floor = lower_floor_for_commits(floor, GetActiveSnapshot());
 	if (claim_in_order(&c, in_flight, in_flight_count, Int64GetDatum(floor), floor_known,
 					   claim_retries))
 	{

@@ -20,8 +20,8 @@
  * by the slot's worker only and read by anyone without the lock.  Only the
  * slot's own worker writes the rest, except fatal_error_drill, which
  * outbox_simulate_fatal_error() sets, and the two atomic ids of its claim
- * floor, which any backend of its database lowers (compare-and-swap) and
- * only the worker raises.  The slot's inbox part follows the same rule
+ * floor, which backends lower (compare-and-swap) and only the worker
+ * raises.  The slot's inbox part follows the same rule
  * (inbox_slot.c).  A slot's spinlock is never held with launcher_lock
  * (launcher_slot.c): a worker leaving its slot wakes the launcher after
  * releasing it.
@@ -229,11 +229,12 @@ worker_database_served(Oid database)
 }
 
 /*
- * Tell the publisher of this database that a transaction committed
- * (prepared false) or prepared (true) rows from the id lowest on: its claim
- * floor comes down to it.  Call it once the transaction is visible to new
- * snapshots, and before the wake.  A publisher not yet attached starts
- * from the left edge anyway.
+ * Tell the publisher of a database that a transaction committed (prepared
+ * false) or prepared (true) rows from the id lowest on: its claim floor
+ * comes down to it.  Call it once the transaction has ended, or prepared
+ * (a commit is reported before, by commit_report_write(), which hands over
+ * here what no claim took).  A publisher not yet attached starts from the
+ * left edge anyway.
  */
 void
 worker_lower_claim_floor(Oid database, int64 lowest, bool prepared)
@@ -542,8 +543,8 @@ worker_take_fatal_error_drill(void)
 }
 
 /*
- * The lowest id committed below this worker's claim floor since it last
- * asked, or PG_INT64_MAX if none.
+ * The lowest id of the commit reports handed over since this worker last
+ * asked (commit_report.c), or PG_INT64_MAX if none.
  */
 int64
 worker_take_claim_floor_request(void)

@@ -2,7 +2,11 @@
 # publishing a steady load.  The worker claims the next batch while Kafka
 # acknowledges the last one, leaving out the rows in flight; a transaction
 # of thousands of rows whose ids surround theirs, committing meanwhile, must
-# still go out in id order within each key, and whole.
+# still go out in id order within each key, and whole.  Each claim waits a
+# few milliseconds before its snapshot, so that transactions commit in that
+# window: a claim whose snapshot shows one must start below its rows (it
+# once took what commits had reported before its snapshot, and published
+# the rows of a big transaction above its floor before those below).
 use strict;
 use warnings;
 
@@ -11,7 +15,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(sleep);
 
-my $node = outbox_node('big_transactions');
+my $node = outbox_node('big_transactions', conf => "outbox.claim_snapshot_delay = '3ms'");
 
 my @topics = (unique_topic('fault.big'), unique_topic('fault.big'));
 kafka_admin('create-topic', $_, '--partitions', 3) for @topics;
