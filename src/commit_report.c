@@ -45,31 +45,19 @@
 #include "slot_internal.h"
 #include "worker_slot.h"
 
-/* This backend's entry, or NULL if it has none (not a backend). */
-static CommitReport *
-my_commit_report(void)
-{
-	if (outbox_shared == NULL || MyProcNumber < 0 ||
-		MyProcNumber >= outbox_shared->commit_report_count)
-		return NULL;
-	return &outbox_shared->commit_reports[MyProcNumber];
-}
-
 /*
  * Report that this transaction, about to commit, wrote outbox rows from the
  * id lowest on.  Call it before the rows are visible (XACT_EVENT_PRE_COMMIT).
- * Returns false if this process has no entry: then report with
- * worker_lower_claim_floor() once the rows are visible.
+ * Every process that can write them, a backend or a background worker, has
+ * an entry: its number is below MaxBackends.
  */
-bool
+void
 commit_report_write(int64 lowest)
 {
-	CommitReport *report = my_commit_report();
+	CommitReport *report = &outbox_shared->commit_reports[MyProcNumber];
 	CommitReport last;
 
-	if (report == NULL)
-		return false;
-
+	Assert(MyProcNumber >= 0 && MyProcNumber < outbox_shared->commit_report_count);
 	SpinLockAcquire(&report->mutex);
 	last = *report;
 	SpinLockRelease(&report->mutex);
@@ -81,7 +69,6 @@ commit_report_write(int64 lowest)
 	report->xid = GetTopTransactionId();
 	report->lowest = lowest;
 	SpinLockRelease(&report->mutex);
-	return true;
 }
 
 /*

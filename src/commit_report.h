@@ -11,7 +11,7 @@
 
 #include "utils/snapshot.h"
 
-extern bool commit_report_write(int64 lowest);
+extern void commit_report_write(int64 lowest);
 extern int64 commit_report_take_ended(Snapshot snapshot);
 
 #endif							/* OUTBOX_COMMIT_REPORT_H */

@@ -78,9 +78,6 @@ static bool wake_worker_at_commit = false;
 /* The lowest id this transaction wrote, while wake_worker_at_commit is set. */
 static int64 lowest_id_written;
 
-/* Set once commit_report_write() has reported it, before the commit. */
-static bool reported_before_commit = false;
-
 /* When the first delayed message it wrote is due; DT_NOEND if it wrote none. */
 static TimestampTz earliest_delayed_due = DT_NOEND;
 
@@ -901,13 +898,10 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
-			reported_before_commit = commit_report_write(lowest_id_written);
+			commit_report_write(lowest_id_written);
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			if (!reported_before_commit)
-				worker_lower_claim_floor(MyDatabaseId, lowest_id_written, false);
-			reported_before_commit = false;
 			if (earliest_delayed_due != DT_NOEND)
 				worker_note_delayed_message(MyDatabaseId, earliest_delayed_due);
 			if (!worker_wake_publisher(MyDatabaseId))
@@ -922,7 +916,6 @@ wake_worker_at_transaction_end(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-			reported_before_commit = false;
 			wake_worker_at_commit = false;
 			earliest_delayed_due = DT_NOEND;
 			break;

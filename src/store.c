@@ -739,7 +739,8 @@ store_claim_batch(OutboxMessage **messages, bool *full, int max_count, int64 max
 	c.context = CurrentMemoryContext;
 
 	if (outbox_claim_snapshot_delay > 0)
-		pg_usleep(outbox_claim_snapshot_delay * 1000L);
+		(void) WaitLatch(NULL, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, outbox_claim_snapshot_delay,
+						 PG_WAIT_EXTENSION);
 	PushActiveSnapshot(GetTransactionSnapshot());
 	floor = lower_floor_for_commits(floor, GetActiveSnapshot());
 	if (claim_in_order(&c, in_flight, in_flight_count, Int64GetDatum(floor), floor_known,
