@@ -6,7 +6,8 @@
  *
  * capture_settings.c reads a table's settings (EventRouter's option names)
  * into a CaptureSettings, its columns found in the table; capture_row.c
- * makes the message of one inserted row; capture.c has the SQL functions,
+ * makes the message of one inserted row, and capture_json.c its JSON as
+ * Kafka Connect's JsonConverter writes it; capture.c has the SQL functions,
  * the table of captured tables and the trigger.
  *
  *-------------------------------------------------------------------------
@@ -16,6 +17,7 @@
 
 #include "access/htup.h"
 #include "access/tupdesc.h"
+#include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
 
@@ -86,5 +88,11 @@ extern Jsonb *capture_settings_effective(const CaptureSettings *settings);
 extern char *capture_topic_name(const char *replacement, const char *routed_by_value);
 extern void capture_row_message(const CaptureSettings *settings, Relation rel,
 								HeapTuple tuple, NewMessage *message);
+
+/* capture_json.c: JSON as JsonConverter writes it with Jackson, in UTF-8 */
+extern void capture_json_string(StringInfo out, const char *text, int len);
+extern void capture_json_number(StringInfo out, double value, bool is_float);
+extern void capture_java_number(StringInfo out, double value, bool is_float);
+extern void capture_json_expand(StringInfo out, const char *text, int len, bool names_unique);
 
 #endif							/* OUTBOX_CAPTURE_H */

@@ -11,18 +11,18 @@
  * role's code, and must never run with the extension owner's rights).
  * Only the message it makes is written as the extension's owner.
  *
- * How each part is written (README's "Capturing a Debezium outbox table"
- * has the table, test/t/206_debezium_capture.pl the record bytes):
+ * How each part is written (docs/capture.md's "The records" has the
+ * table, test/t/209_debezium_bytes.pl the bytes, case by case):
  *
- * - Text, as StringConverter writes a Kafka Connect string: a column's
- *   text, by its type's output function; a header's value the same, but
- *   a boolean is true or false and a bytea base64, as Kafka Connect's
- *   SimpleHeaderConverter writes them.
- * - JSON, as JsonConverter writes a value without its schema: a string
- *   column (json, jsonb, text, ...) a JSON string of its text, unless
- *   table.expand.json.payload expands a payload that is a JSON object or
- *   array into the document itself; a bytea a base64 string; any other
- *   type as PostgreSQL's to_json() writes it.
+ * - Text, as StringConverter writes a Kafka Connect value, in UTF-8: a
+ *   column's text, by its type's output function, but a boolean true or
+ *   false and a float as Java writes it; a header's value the same, a
+ *   bytea base64, as SimpleHeaderConverter writes them.
+ * - JSON, as JsonConverter writes a value without its schema, with
+ *   Jackson (capture_json.c): a string column (json, jsonb, text, ...) a
+ *   JSON string of its text, unless table.expand.json.payload expands a
+ *   payload as EventRouter does; a bytea a base64 string; a float as Java
+ *   writes it; any other type as PostgreSQL's to_json() writes it.
  * - An envelope, when a field is placed there: the JSON object
  *   {"payload": ..., "<alias>": ...} in that order.
  *
@@ -33,7 +33,6 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "common/base64.h"
-#include "common/jsonapi.h"
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
 #include "nodes/makefuncs.h"
@@ -108,16 +107,50 @@ append_base64(StringInfo out, bytea *bytes)
 	appendBinaryStringInfo(out, encoded, encoded_len);
 }
 
-/* Is text a JSON object or array, as EventRouter expands a payload? */
-static bool
-is_json_document(const char *text)
+/*
+ * A value's text as Kafka Connect's StringConverter and SimpleHeaderConverter
+ * write its Java value: a boolean true or false, a float as Java writes it
+ * (Debezium makes them BOOLEAN, FLOAT64 and FLOAT32), others their text.
+ */
+static char *
+connect_text(ColumnValue v)
 {
-	JsonLexContext *lex;
+	StringInfoData out;
 
-	if (text[0] != '{' && text[0] != '[')
-		return false;
-	lex = makeJsonLexContextCstringLen(NULL, (char *) text, strlen(text), GetDatabaseEncoding(), false);
-	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
+	if (v.type == BOOLOID)
+		return pstrdup(DatumGetBool(v.datum) ? "true" : "false");
+	if (v.type != FLOAT8OID && v.type != FLOAT4OID)
+		return value_text(v);
+	initStringInfo(&out);
+	capture_java_number(&out, v.type == FLOAT8OID ? DatumGetFloat8(v.datum) : DatumGetFloat4(v.datum),
+						v.type == FLOAT4OID);
+	return out.data;
+}
+
+/*
+ * A value's text in UTF-8, as Kafka Connect's converters write a string
+ * whatever the database's encoding.
+ */
+static char *
+value_utf8(ColumnValue v, int *len)
+{
+	char	   *text = connect_text(v);
+	char	   *utf8;
+
+	*len = strlen(text);
+	utf8 = pg_server_to_any(text, *len, PG_UTF8);
+	if (utf8 != text)
+		*len = strlen(utf8);
+	return utf8;
+}
+
+/* Text of the database's encoding as a JSON string, in UTF-8. */
+static void
+append_json_text(StringInfo out, const char *text)
+{
+	char	   *utf8 = pg_server_to_any(text, strlen(text), PG_UTF8);
+
+	capture_json_string(out, utf8, strlen(utf8));
 }
 
 /* A value of a type without a JSON form of its own, as to_json() writes it. */
@@ -132,14 +165,19 @@ append_to_json(StringInfo out, ColumnValue v)
 						InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL);
 	fmgr_info(F_TO_JSON, &flinfo);
 	flinfo.fn_expr = (Node *) call;
-	appendStringInfoString(out, TextDatumGetCString(FunctionCall1(&flinfo, v.datum)));
+	appendStringInfoString(out, pg_server_to_any(TextDatumGetCString(FunctionCall1(&flinfo, v.datum)), -1, PG_UTF8));
 }
 
-/* A value as JsonConverter writes it without schemas (see the header). */
+/*
+ * A value as JsonConverter writes it without schemas (see the header), in
+ * UTF-8.  A float8 or float4 is Kafka Connect's FLOAT64 or FLOAT32, which
+ * Jackson writes as Java does.
+ */
 static void
 append_json_value(StringInfo out, ColumnValue v, bool expand)
 {
 	char	   *text;
+	int			len;
 
 	if (v.isnull)
 		appendStringInfoString(out, "null");
@@ -149,13 +187,16 @@ append_json_value(StringInfo out, ColumnValue v, bool expand)
 		append_base64(out, DatumGetByteaPP(v.datum));
 		appendStringInfoChar(out, '"');
 	}
+	else if (v.type == FLOAT8OID || v.type == FLOAT4OID)
+		capture_json_number(out, v.type == FLOAT8OID ? DatumGetFloat8(v.datum) : DatumGetFloat4(v.datum),
+							v.type == FLOAT4OID);
 	else if (is_string_type(v.type))
 	{
-		text = value_text(v);
-		if (expand && is_json_document(text))
-			appendStringInfoString(out, text);
+		text = value_utf8(v, &len);
+		if (expand)
+			capture_json_expand(out, text, len, v.type == JSONBOID);
 		else
-			escape_json(out, text);
+			capture_json_string(out, text, len);
 	}
 	else
 		append_to_json(out, v);
@@ -173,10 +214,8 @@ header_text(ColumnValue v)
 {
 	StringInfoData out;
 
-	if (v.type == BOOLOID)
-		return pstrdup(DatumGetBool(v.datum) ? "true" : "false");
 	if (v.type != BYTEAOID)
-		return value_text(v);
+		return connect_text(v);
 	initStringInfo(&out);
 	append_base64(&out, DatumGetByteaPP(v.datum));
 	return out.data;
@@ -203,13 +242,14 @@ row_key(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 	ColumnValue v = column_value(tuple, desc, &s->event_key);
 	StringInfoData json;
 
-	if (v.isnull)
-		return NULL;
+	if (v.isnull && s->key_converter != CONVERTER_JSON)
+		return NULL;			/* no key; JsonConverter writes null */
 	if (s->key_converter != CONVERTER_JSON)
-		return cstring_to_text(value_text(v));
+		return cstring_to_text(connect_text(v));
 	initStringInfo(&json);
 	append_json_value(&json, v, false);
-	return (text *) string_bytes(&json);
+	/* a key is text, in the database's encoding until it is published */
+	return cstring_to_text(pg_any_to_server(json.data, json.len, PG_UTF8));
 }
 
 /* Is the payload empty, as EventRouter tells a tombstone: NULL, or blank text? */
@@ -248,7 +288,7 @@ envelope(const CaptureSettings *s, ColumnValue payload, HeapTuple tuple, TupleDe
 		if (field->placement != PLACEMENT_ENVELOPE)
 			continue;
 		appendStringInfoChar(&out, ',');
-		escape_json(&out, field->alias);
+		append_json_text(&out, field->alias);
 		appendStringInfoChar(&out, ':');
 		append_json_value(&out, column_value(tuple, desc, &field->column), false);
 	}
@@ -257,16 +297,18 @@ envelope(const CaptureSettings *s, ColumnValue payload, HeapTuple tuple, TupleDe
 }
 
 /*
- * The record's value, NULL for a tombstone.  A NULL payload is a tombstone
- * only under route.tombstone.on.empty.payload (which also makes one of a
- * blank payload); otherwise JsonConverter writes it as null, and the other
- * converters, which would make it a tombstone unasked, refuse it.
+ * The record's value, NULL for none.  Under route.tombstone.on.empty.payload
+ * a NULL or blank payload has none; otherwise JsonConverter writes a NULL
+ * payload as null, and StringConverter and BinaryDataConverter as no
+ * value, as Debezium publishes it.
  */
 static bytea *
 row_value(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 {
 	ColumnValue payload = column_value(tuple, desc, &s->payload);
 	StringInfoData json;
+	char	   *text;
+	int			len;
 
 	if (s->tombstone_on_empty && payload_is_empty(payload))
 		return NULL;
@@ -279,15 +321,11 @@ row_value(const CaptureSettings *s, HeapTuple tuple, TupleDesc desc)
 		return string_bytes(&json);
 	}
 	if (payload.isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("the payload of a captured row must not be NULL: column \"%s\" is",
-						s->payload.name),
-				 errhint("To publish a NULL or blank payload as a tombstone, a record without a value, "
-						 "set route.tombstone.on.empty.payload to true.")));
+		return NULL;
 	if (payload.type == BYTEAOID)
 		return DatumGetByteaPCopy(payload.datum);
-	return (bytea *) cstring_to_text(value_text(payload));
+	text = value_utf8(payload, &len);
+	return (bytea *) cstring_to_text_with_len(text, len);
 }
 
 /* The partition a field placed as the partition names, or ANY_PARTITION. */

@@ -61,6 +61,7 @@ typedef enum OptionKind
 	OPTION_KEY_CONVERTER,
 	OPTION_VALUE_CONVERTER,
 	OPTION_SCHEMAS_ENABLE,		/* accepted as false only */
+	OPTION_NULL_BEHAVIOR,		/* accepted as ignore only */
 	OPTION_INVALID_OP,			/* table.op.invalid.behavior */
 	OPTION_PLACEMENT			/* table.fields.additional.placement */
 } OptionKind;
@@ -81,6 +82,7 @@ static const CaptureOption capture_options[] = {
 	{"table.field.event.payload", OPTION_COLUMN, offsetof(CaptureSettings, payload)},
 	{"table.fields.additional.placement", OPTION_PLACEMENT, offsetof(CaptureSettings, placement_text)},
 	{"table.expand.json.payload", OPTION_BOOL, offsetof(CaptureSettings, expand_json)},
+	{"table.json.payload.null.behavior", OPTION_NULL_BEHAVIOR, 0},
 	{"table.op.invalid.behavior", OPTION_INVALID_OP, offsetof(CaptureSettings, invalid_op_behavior)},
 	{"tracing.span.context.field", OPTION_COLUMN, offsetof(CaptureSettings, span_context)},
 	{"key.converter", OPTION_KEY_CONVERTER, offsetof(CaptureSettings, key_converter)},
@@ -103,10 +105,6 @@ static const UnsupportedOption unsupported_options[] = {
 	"A record's timestamp is the time its row was inserted."},
 	{"table.field.event.schema.version",
 	"No Kafka Connect schema is written."},
-	{"table.json.payload.null.behavior",
-	"An expanded payload is the JSON document as stored, its null fields included."},
-	{"table.json.payload.empty.array.behavior",
-	"An expanded payload is the JSON document as stored, its empty arrays included."},
 	{"table.field.additional.missing",
 	"Every column the settings name must exist; outbox_capture() checks that they do."},
 	{"tracing.operation.name",
@@ -327,6 +325,11 @@ apply_option(CaptureSettings *settings, const CaptureOption *option, JsonbValue 
 			if (bool_value(option->name, v))
 				refuse_value(option->name,
 							 "false: JsonConverter's form is written without its schema envelope");
+			break;
+		case OPTION_NULL_BEHAVIOR:
+			if (strcmp(word_value(option->name, v, "\"ignore\""), "ignore") != 0)
+				refuse_value(option->name,
+							 "\"ignore\": an expanded payload leaves out its null fields, as EventRouter does by default");
 			break;
 		case OPTION_INVALID_OP:
 			settings->invalid_op_behavior = invalid_op_value(option->name, v);

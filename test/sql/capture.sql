@@ -86,10 +86,14 @@ SELECT topic, key, convert_from(payload, 'UTF8') AS payload, headers, target_par
 TRUNCATE outbox_message;
 DELETE FROM outboxevent;
 
--- Refused at the door, in the inserting transaction: a NULL payload (a
--- tombstone only when asked for), a NULL aggregatetype, a topic Kafka refuses.
-INSERT INTO outboxevent VALUES (gen_random_uuid(), 'Order', '5', 'OrderCreated', NULL);
-\echo :LAST_ERROR_SQLSTATE
+-- A NULL payload is a record without a value, as Debezium publishes it
+-- under StringConverter (without asking for tombstones).
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-8000-000000000005', 'Order', '5', 'OrderCreated', NULL);
+SELECT topic, key, payload IS NULL AS no_value, headers FROM outbox_message;
+TRUNCATE outbox_message;
+
+-- Refused at the door, in the inserting transaction: a NULL aggregatetype,
+-- a topic Kafka refuses.
 ALTER TABLE outboxevent ALTER COLUMN aggregatetype DROP NOT NULL;
 INSERT INTO outboxevent VALUES (gen_random_uuid(), NULL, '5', 'OrderCreated', '{}');
 \echo :LAST_ERROR_SQLSTATE
@@ -267,6 +271,26 @@ INSERT INTO quarkus_outbox VALUES ('00000000-0000-4000-8000-000000000021', 'Orde
 COMMIT;
 SELECT topic, key, convert_from(payload, 'UTF8') AS payload, headers FROM outbox_message ORDER BY id;
 TRUNCATE outbox_message;
+
+-- A boolean and a float are Kafka Connect's BOOLEAN, FLOAT64 and FLOAT32
+-- under Debezium: their text (StringConverter, headers) and their JSON are
+-- Java's (true, 1.0E-7, 1.0E23, NaN), not PostgreSQL's (t, 1e-07, 1e+23).
+SET ROLE capture_owner;
+CREATE TABLE typed_outbox (id uuid, aggregatetype varchar(255), aggregateid float8, type varchar(255),
+                           payload jsonb, flag boolean, ratio real);
+SELECT outbox_capture('typed_outbox', '{"table.fields.additional.placement": "flag:header, ratio:header, flag:envelope, ratio:envelope:share",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter"}') IS NOT NULL AS captured;
+INSERT INTO typed_outbox VALUES
+    ('00000000-0000-4000-8000-000000000041', 'Order', 1e-7, 'x', '{}', true, 0.1),
+    ('00000000-0000-4000-8000-000000000042', 'Order', 1e23, 'x', '{}', false, 'NaN'),
+    ('00000000-0000-4000-8000-000000000043', 'Order', 100, 'x', '{}', NULL, '-Infinity');
+RESET ROLE;
+SELECT key, convert_from(payload, 'UTF8') AS payload, headers FROM outbox_message ORDER BY key;
+TRUNCATE outbox_message;
+SET ROLE capture_owner;
+SELECT outbox_uncapture('typed_outbox');
+DROP TABLE typed_outbox;
+RESET ROLE;
 
 -- Converters: JsonConverter (schemas disabled) writes the key and payload as
 -- JSON; expanded, a JSON payload is its document; an envelope is JSON with

@@ -1,4 +1,6 @@
-# A database whose encoding is not UTF-8 (LATIN1) publishes and consumes.
+# A database whose encoding is not UTF-8 (LATIN1) publishes and consumes,
+# and captures a Debezium outbox table whose records are UTF-8, as Kafka
+# Connect's converters write them whatever the database's encoding.
 # Kafka's keys and headers are UTF-8 text: the publisher sends them so, and
 # the inbox converts what it reads to the database's encoding; a key or
 # header that LATIN1 cannot hold reaches the handler as the hex of its
@@ -76,5 +78,26 @@ is($node->safe_psql('latin', q{SELECT convert_from(decode(key_hex, 'hex'), 'LATI
 	'\\x736e6f77e29883', 'and so does such a key');
 is($node->safe_psql('latin', $worker_pid_query), $worker_pid, 'the inbox worker never stopped (same pid)');
 is($node->safe_psql('latin', 'SELECT count(*) FROM inbox_dead_letter'), '0', 'no dead letter');
+
+# Captured from the LATIN1 database: a JsonConverter key "café" and a text
+# payload "naïve" under StringConverter, a jsonb payload under JsonConverter.
+my $captured = unique_topic('latin.captured');
+kafka_admin('create-topic', $captured, '--partitions', '1');
+$node->safe_psql('latin', qq{
+	CREATE TABLE text_events (id uuid, aggregatetype text, aggregateid text, type text, payload text);
+	CREATE TABLE json_events (LIKE text_events);
+	ALTER TABLE json_events ALTER COLUMN payload TYPE jsonb USING payload::jsonb;
+	SELECT outbox_capture('text_events', '{"route.topic.replacement": "$captured",
+	    "key.converter": "org.apache.kafka.connect.json.JsonConverter"}');
+	SELECT outbox_capture('json_events', '{"route.topic.replacement": "$captured",
+	    "value.converter": "org.apache.kafka.connect.json.JsonConverter", "table.expand.json.payload": true}');
+	INSERT INTO text_events VALUES (gen_random_uuid(), 'Order', U&'caf\\00E9', 'OrderCreated', U&'na\\00EFve');
+	INSERT INTO json_events VALUES (gen_random_uuid(), 'Order', '2', 'OrderCreated', jsonb_build_object('s', U&'na\\00EFve'));
+});
+sub utf8_bytes { my ($text) = @_; $text //= ''; utf8::encode($text); return $text; }
+my @bytes = map { [ utf8_bytes($_->{key}), utf8_bytes($_->{value}) ] }
+  @{ consume_topics(topics => [$captured], expect => 3, idle => 3) };
+is_deeply(\@bytes, [ [ "\"caf\xc3\xa9\"", "na\xc3\xafve" ], [ '2', "{\"s\":\"na\xc3\xafve\"}" ] ],
+	'captured records are UTF-8: a JSON key, a text value, an expanded JSON value');
 
 done_testing();

@@ -31,10 +31,9 @@
 #   StringConverter the value is that text; with JsonConverter a JSON
 #   string of it, "{\"id\": 1, ...}" ("Example outbox message", "Expanding
 #   escaped JSON String as JSON"); with table.expand.json.payload=true and
-#   JsonConverter the document itself (there Jackson writes it compact and
-#   drops null fields and empty arrays: table.json.payload.null.behavior and
-#   .empty.array.behavior default to ignore; here it is the document as
-#   stored).  A bytea payload with BinaryDataConverter goes as its bytes
+#   JsonConverter the document itself, compact as Jackson writes it, less
+#   its null fields and empty arrays (table.json.payload.null.behavior
+#   ignore): 209_debezium_bytes.pl has the bytes, case by case.  A bytea payload with BinaryDataConverter goes as its bytes
 #   ("Using Apache Avro as the payload format").
 # - Envelope: "if the outbox event is configured to include additional
 #   fields, the Kafka message value contains an envelope encapsulating both
@@ -60,8 +59,9 @@
 #   created_at), a little earlier.
 # - Tombstone: route.tombstone.on.empty.payload, default false, "Indicates
 #   whether an empty or null payload causes the connector to emit a
-#   tombstone event".  Without it a NULL payload is refused at the insert
-#   (JsonConverter writes it as null): see the README.
+#   tombstone event".  Without it a NULL payload is a record without a
+#   value under StringConverter, null under JsonConverter, as Debezium
+#   publishes it.
 # - UPDATE: table.op.invalid.behavior, default warn: "The SMT logs a warning
 #   and continues"; "updates to records in an outbox table are not
 #   allowed"; "The SMT automatically filters out DELETE operations".
@@ -314,8 +314,10 @@ is_deeply([ map { $_->{key} } @records ], [ '"1"', '"2"', '3' ], 'JsonConverter 
 is($records[0]{value},
 	q{"{\"id\": 1, \"lineItems\": [{\"id\": 1, \"item\": \"Debezium in Action\", \"status\": \"ENTERED\", \"quantity\": 2, \"totalPrice\": 39.98}, {\"id\": 2, \"item\": \"Debezium for Dummies\", \"status\": \"ENTERED\", \"quantity\": 1, \"totalPrice\": 29.99}], \"orderDate\": \"2019-01-31T12:13:01\", \"customerId\": 123}"},
 	'JsonConverter: the payload as the documentation\'s escaped JSON string');
-is($records[1]{value}, $order_payload, 'expanded: the JSON document');
-is($records[2]{value}, '{"payload":{"id": 3},"eventType":"OrderCreated"}', 'an envelope: payload, then eventType');
+is($records[1]{value},
+	q{{"id":1,"lineItems":[{"id":1,"item":"Debezium in Action","status":"ENTERED","quantity":2,"totalPrice":39.98},{"id":2,"item":"Debezium for Dummies","status":"ENTERED","quantity":1,"totalPrice":29.99}],"orderDate":"2019-01-31T12:13:01","customerId":123}},
+	'expanded: the JSON document, compact as Jackson writes it');
+is($records[2]{value}, '{"payload":{"id":3},"eventType":"OrderCreated"}', 'an envelope: payload, then eventType');
 
 # 5. route.tombstone.on.empty.payload (a string, as a connector's
 #    configuration holds it): a NULL or blank payload is a tombstone.
