@@ -15,6 +15,7 @@ MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
 	src/capture.o \
+	src/capture_expand.o \
 	src/capture_json.o \
 	src/capture_row.o \
 	src/capture_settings.o \

@@ -6,8 +6,9 @@
  *
  * capture_settings.c reads a table's settings (EventRouter's option names)
  * into a CaptureSettings, its columns found in the table; capture_row.c
- * makes the message of one inserted row, and capture_json.c its JSON as
- * Kafka Connect's JsonConverter writes it; capture.c has the SQL functions,
+ * makes the message of one inserted row, capture_json.c its JSON as Kafka
+ * Connect's JsonConverter writes it, and capture_expand.c a payload
+ * expanded as EventRouter expands it; capture.c has the SQL functions,
  * the table of captured tables and the trigger.
  *
  *-------------------------------------------------------------------------
@@ -93,6 +94,8 @@ extern void capture_row_message(const CaptureSettings *settings, Relation rel,
 extern void capture_json_string(StringInfo out, const char *text, int len);
 extern void capture_json_number(StringInfo out, double value, bool is_float);
 extern void capture_java_number(StringInfo out, double value, bool is_float);
-extern void capture_json_expand(StringInfo out, const char *text, int len, bool names_unique);
+
+/* capture_expand.c: a payload expanded as EventRouter expands it */
+extern void capture_expand_payload(StringInfo out, const char *text, int len, bool names_unique);
 
 #endif							/* OUTBOX_CAPTURE_H */

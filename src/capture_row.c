@@ -194,7 +194,7 @@ append_json_value(StringInfo out, ColumnValue v, bool expand)
 	{
 		text = value_utf8(v, &len);
 		if (expand)
-			capture_json_expand(out, text, len, v.type == JSONBOID);
+			capture_expand_payload(out, text, len, v.type == JSONBOID);
 		else
 			capture_json_string(out, text, len);
 	}

@@ -315,6 +315,14 @@ SELECT outbox_capture('text_outbox', '{"route.tombstone.on.empty.payload": true,
 INSERT INTO text_outbox VALUES ('00000000-0000-4000-8000-000000000035', 'Order', '35', 'OrderDeleted', NULL);
 INSERT INTO text_outbox VALUES ('00000000-0000-4000-8000-000000000036', 'Order', '36', 'OrderDeleted', E' \t ');
 INSERT INTO text_outbox VALUES ('00000000-0000-4000-8000-000000000037', 'Order', '37', 'OrderCreated', 'not blank');
+-- Expanded, each object of an array gets the fields of them all: a payload
+-- of objects that differ can grow beyond a record's size, and is refused
+-- before it takes more memory than that.
+SELECT outbox_capture('outboxevent', '{"value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "table.expand.json.payload": true}') ->> 'table.expand.json.payload' AS expanded;
+INSERT INTO outboxevent SELECT '00000000-0000-4000-8000-000000000038', 'Order', '38', 'OrderCreated',
+    jsonb_build_object('lines', jsonb_agg(jsonb_build_object('sku' || i, i))) FROM generate_series(1, 2000) AS i;
+\echo :LAST_ERROR_SQLSTATE
 SELECT outbox_capture('outboxevent', '{"table.op.invalid.behavior": " FATAL "}') ->> 'table.op.invalid.behavior' AS on_update;
 UPDATE outboxevent SET type = 'refused';
 \echo :LAST_ERROR_SQLSTATE
