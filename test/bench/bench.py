@@ -7,6 +7,9 @@
 #   B1R the same transaction at 1,000 and 7,000 messages per second: the CPU
 #       of what publishes, per message
 #   B1B bulk enqueue: a million rows in transactions of 100,000, three ways
+#   B1D (only when named) B1's transaction published by our worker, by
+#       outbox_capture() and by Debezium (test/bench/debezium.sh): the
+#       application's TPS, the CPU of what publishes, the WAL per transaction
 #   B2  drain: a backlog committed while nothing could publish, then published
 #   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
 #   B3BG B3 while other updates, autovacuum and checkpoints run
@@ -45,6 +48,7 @@ import platform
 import pwd
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,7 +120,7 @@ B1B_WAYS = {
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10", "B11")
+PARTS = ("B2", "B1", "B1R", "B1B", "B1D", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10", "B11")
 # B10: small business transactions, each one keyed outbox_enqueue() of a key
 # of its own, one after another (a pause of "pause" seconds between them)
 # for "seconds"; first with nothing else open, then while a bulk transaction
@@ -299,6 +303,43 @@ B1_VARIANTS = {
         f"INSERT INTO tuned_message (topic, key, payload) VALUES ('{t}', 'user-' || :id, ({p})::text);"
         for t, p, h in B1_MESSAGES],
 }
+# B1D: B1's transaction with its two messages written into a table shaped
+# as Debezium's outbox table (aggregatetype routes to outbox.event.<topic>),
+# published by outbox_capture() (captured_outbox) or by Debezium
+# (dbz_outbox, test/bench/debezium.sh: Kafka Connect 4.3, the PostgreSQL
+# connector 3.6.1 and EventRouter, as shipped), inserted alone or inserted
+# and deleted in the transaction (the Quarkus outbox extension's way);
+# beside the transaction alone, with two plain INSERTs and with
+# outbox_enqueue().  Debezium runs for its own variants only (it decodes all
+# of the WAL), started before each and its slot dropped after.  Named with
+# BENCH_ONLY only: test/bench/run then makes the cluster logical and
+# listening on 127.0.0.1, as Debezium needs.  Each start of Debezium is
+# followed by B1_WARMUP seconds of its load, unmeasured (its JVM compiles
+# meanwhile, as ours is warmed before the rounds), then the clean every
+# variant's load starts from (a checkpoint: the same full-page writes).
+B1D_TABLES = {"capture": "captured_outbox", "debezium": "dbz_outbox"}
+
+
+def outbox_table_rows(table, delete):
+    """B1's messages as rows of a Debezium outbox table, deleted again at
+    once with delete."""
+    rows = [f"INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload)"
+            f" VALUES (gen_random_uuid(), '{t}', 'user-' || :id, 'UserRegistered', {p});"
+            for t, p, _ in B1_MESSAGES]
+    return rows + ([f"DELETE FROM {table} WHERE aggregateid = 'user-' || :id;"] if delete else [])
+
+
+B1D_VARIANTS = {
+    "business transaction alone": ("none", []),
+    B1_PLAIN: ("none", B1_VARIANTS[B1_PLAIN]),
+    B1_PUBLISHING: ("ours", B1_VARIANTS[B1_PUBLISHING]),
+    "2 x INSERT, outbox_capture()": ("ours", outbox_table_rows(B1D_TABLES["capture"], False)),
+    "2 x INSERT + DELETE, outbox_capture()": ("ours", outbox_table_rows(B1D_TABLES["capture"], True)),
+    "2 x INSERT, Debezium publishing": ("debezium", outbox_table_rows(B1D_TABLES["debezium"], False)),
+    "2 x INSERT + DELETE, Debezium publishing": ("debezium", outbox_table_rows(B1D_TABLES["debezium"], True)),
+}
+B1D_TOPICS = [f"outbox.event.{t}" for t, _, _ in B1_MESSAGES]
+
 # B1R: B1's transaction offered at fixed rates by pgbench -R, published by
 # our worker and by the tuned poller in turn, in B1's rounds of B1's
 # seconds: what publishing costs per message at a rate it keeps up with, not
@@ -811,6 +852,31 @@ class Standby:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Debezium:
+    """B1D's Debezium: test/bench/debezium.sh against the bench's database
+    (over TCP on 127.0.0.1) and broker."""
+    script = os.path.join(HERE, "debezium.sh")
+
+    def __init__(self, args, db):
+        self.db = db
+        dsn = dict(item.split("=", 1) for item in args.dsn.split())
+        self.env = dict(os.environ, PGHOST=dsn["host"], PGPORT=dsn["port"], PGDATABASE=dsn["dbname"],
+                        PGUSER=dsn.get("user", "postgres"), KAFKA_BOOTSTRAP=args.brokers,
+                        DEBEZIUM_TABLES=f"public.{B1D_TABLES['debezium']}")
+
+    def run(self, command):
+        done = subprocess.run(["bash", self.script, command], env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise Broken(f"debezium.sh {command} failed:\n{done.stderr}")
+        return done.stdout.strip()
+
+    def pids(self):
+        """Connect's JVM, and the walsender that decodes the WAL for it."""
+        walsenders = [pid for (pid,) in self.db.run(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender'")]
+        return [int(self.run("pid"))] + walsenders
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -1019,6 +1085,68 @@ class Bench:
                               for name, values in tps.items()}
         self.results["b1_drains"] = drains
         self.clean()
+
+    def b1d(self):
+        """Rounds of every B1D variant in turn, as B1's.  What publishes a
+        variant's messages is counted from the start of its load to the
+        moment they are all in Kafka, CPU and WAL alike."""
+        debezium = Debezium(self.args, self.db)
+        self.db.run("SELECT outbox_capture(%s)", (B1D_TABLES["capture"],))
+        tps, cpu, wal = ({name: [] for name in B1D_VARIANTS} for _ in range(3))
+        self.pgbench(b1_script(B1_VARIANTS[B1_PUBLISHING]), B1_WARMUP)
+        self.worker.wait_drained(60)
+        self.b1d_clean()
+        for round_ in range(self.size["b1_rounds"]):
+            for name, (publisher, statements) in B1D_VARIANTS.items():
+                if publisher == "debezium":
+                    self.b1d_base = sum(self.kafka.count(topic) for topic in B1D_TOPICS)
+                    debezium.run("start")
+                    warmup = self.pgbench(b1_script(statements), B1_WARMUP)
+                    self.b1d_wait_debezium(2 * warmup["processed"])
+                    self.b1d_clean()    # every variant's load starts after a checkpoint
+                pids = {"ours": self.worker.pids, "debezium": debezium.pids}.get(publisher, list)()
+                before = (cpu_seconds(pids), self.db.value("SELECT pg_current_wal_lsn()"),
+                          sum(self.kafka.count(topic) for topic in B1D_TOPICS))
+                figures = self.pgbench(b1_script(statements), self.size["b1_seconds"])
+                if publisher == "ours":
+                    self.worker.wait_drained(120)
+                elif publisher == "debezium":
+                    self.b1d_wait_debezium(before[2] + 2 * figures["processed"], total=True)
+                tps[name].append(figures["tps"])
+                cpu[name].append(cpu_seconds(pids) - before[0])
+                wal[name].append(self.db.value("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)",
+                                               (before[1],)) / figures["processed"])
+                if publisher == "debezium":
+                    debezium.run("drop")
+                progress(f"B1D round {round_ + 1}: {name}: {tps[name][-1]:,.0f} TPS,"
+                         f" {wal[name][-1]:,.0f} WAL bytes per transaction")
+                self.b1d_clean()
+        seconds = self.size["b1_seconds"] * self.size["b1_rounds"]
+        self.results["b1d"] = {name: {"tps": statistics.median(tps[name]), "cores": sum(cpu[name]) / seconds,
+                                      "wal": statistics.median(wal[name])} for name in B1D_VARIANTS}
+
+    def b1d_wait_debezium(self, n, total=False):
+        """Until the B1D topics hold n records more than at Debezium's
+        start (or in all, with total)."""
+        base = 0 if total else self.b1d_base
+        wait_until("Debezium's records in Kafka", lambda: sum(
+            self.kafka.count(topic) for topic in B1D_TOPICS) >= base + n, 300, 0.2)
+
+    def b1d_clean(self):
+        self.db.run(f"TRUNCATE {', '.join(B1D_TABLES.values())}, plain_message")
+        self.clean()
+
+    def b1d_report(self, b1d):
+        alone = b1d["business transaction alone"]
+        rows = [("B1D variant", "TPS (median)", "of the transaction alone", "publisher cores",
+                 "WAL bytes / transaction", "WAL added / message")]
+        for name, r in b1d.items():
+            rows.append((name, f"{r['tps']:,.0f}", f"{r['tps'] / alone['tps']:.2f}", f"{r['cores']:.2f}",
+                         f"{r['wal']:,.0f}", f"{(r['wal'] - alone['wal']) / 2:,.0f}" if r is not alone else ""))
+        notes = ["  publisher cores: CPU seconds of what publishes (our worker and its Kafka process;"
+                 " Debezium's JVM and its walsender) from each load's start until its messages are in"
+                 " Kafka, over the loads' seconds; WAL from the same start to the same end"]
+        return table(rows) + notes
 
     def start_publisher(self, variant):
         """B1 and B1R: what publishes a variant's messages while its load
@@ -2125,6 +2253,12 @@ class Bench:
         b1b = self.results.get("b1b")
         if b1b:
             out += self.b1b_report(b1b)
+        b1d = self.results.get("b1d")
+        if b1d:
+            out += ["", f"B1D: B1's transaction published by our worker, by outbox_capture() and by Debezium"
+                        f" 3.6.1 (Kafka Connect 4.3, as shipped), pgbench -c {CLIENTS} -j {JOBS},"
+                        f" {self.size['b1_rounds']} round(s) of {self.size['b1_seconds']} s per variant, in turn"]
+            out += self.b1d_report(b1d)
         b3bg = self.results.get("b3bg")
         if b3bg:
             out += self.b3bg_report(b3bg, self.results["b3bg_reloptions"])
@@ -2357,7 +2491,7 @@ def main():
     bench = Bench(args)
     with open(os.path.join(HERE, "schema.sql")) as schema:
         bench.db.run(schema.read())
-    bench.kafka.create_topics(["crm.sync", "coupon.welcome"]
+    bench.kafka.create_topics(["crm.sync", "coupon.welcome"] + B1D_TOPICS
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
                               + [f"bench.b3bg.{p}.{r}" for p in B3BG_PEERS + ("floor",) for r in B3_RATES]
@@ -2368,7 +2502,8 @@ def main():
                               + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"], B10["topic"]])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
             "B1R": ("B1R enqueue at fixed rates", bench.b1r),
-            "B1B": ("B1B bulk enqueue", bench.b1b), "B3": ("B3 latency", bench.b3),
+            "B1B": ("B1B bulk enqueue", bench.b1b),
+            "B1D": ("B1D publishing beside Debezium", bench.b1d), "B3": ("B3 latency", bench.b3),
             "B3BG": ("B3BG latency under background activity", bench.b3bg),
             "B4": ("B4 soak", bench.b4), "B5": ("B5 held horizon", bench.b5),
             "B6": ("B6 databases", bench.b6), "B7": ("B7 standby slots", bench.b7),
@@ -2376,7 +2511,8 @@ def main():
             "B9": ("B9 consume", bench.b9),
             "B10": ("B10 enqueue beside a bulk transaction", bench.b10),
             "B11": ("B11 a slow handler beside another subscription", bench.b11)}
-    chosen = args.only or [part for part in PARTS if part != "B4" or args.soak]
+    # B4 only with --soak, B1D only when named
+    chosen = args.only or [part for part in PARTS if part not in ("B4", "B1D") or (part == "B4" and args.soak)]
     try:
         for part in PARTS:
             if part in chosen:

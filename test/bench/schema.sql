@@ -65,3 +65,14 @@ CREATE TABLE bg_account (
     pad     text NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
         autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 10000);
+
+-- B1D: B1's messages as rows of Debezium's documented outbox table, one
+-- published by outbox_capture(), one by Debezium (test/bench/debezium.sh).
+CREATE TABLE captured_outbox (
+    id            uuid NOT NULL PRIMARY KEY,
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid   varchar(255) NOT NULL,
+    type          varchar(255) NOT NULL,
+    payload       jsonb
+);
+CREATE TABLE dbz_outbox (LIKE captured_outbox INCLUDING ALL);
