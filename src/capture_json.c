@@ -105,10 +105,10 @@ capture_json_string(StringInfo out, const char *text, int len)
 }
 
 /*
- * The significant digits (no leading or trailing zero) and the decimal
- * exponent of the first of them, of a number printf's %e wrote.
+ * The digits of a number printf's %e wrote, and the decimal exponent of
+ * the first; returns how many digits.
  */
-static void
+static int
 read_decimal(const char *s, char *digits, int *exponent)
 {
 	int			n = 0;
@@ -116,10 +116,9 @@ read_decimal(const char *s, char *digits, int *exponent)
 	for (; *s && *s != 'e'; s++)
 		if (isdigit((unsigned char) *s))
 			digits[n++] = *s;
-	while (n > 1 && digits[n - 1] == '0')
-		n--;
 	digits[n] = '\0';
 	*exponent = atoi(s + 1);
+	return n;
 }
 
 /* Does this decimal read back as the value, rounded to the nearest? */
@@ -138,13 +137,8 @@ step_decimal(const char *decimal, int step, char *next, size_t size)
 {
 	char		digits[32];
 	int			exponent;
-	int			n = 0;
-	const char *s;
+	int			n = read_decimal(decimal, digits, &exponent);
 
-	for (s = decimal; *s && *s != 'e'; s++)
-		if (isdigit((unsigned char) *s))
-			digits[n++] = *s;
-	exponent = atoi(s + 1);
 	for (int i = n - 1; i >= 0; i--)
 	{
 		digits[i] += step;
@@ -158,7 +152,6 @@ step_decimal(const char *decimal, int step, char *next, size_t size)
 			exponent += step;
 		}
 	}
-	digits[n] = '\0';
 	snprintf(next, size, "%c.%se%d", digits[0], digits + 1, exponent);
 }
 
@@ -231,8 +224,9 @@ capture_java_number(StringInfo out, double value, bool is_float)
 		if (closest_reading_back(fabs(value), 2, is_float, two_digits, sizeof(two_digits)))
 			strlcpy(decimal, two_digits, sizeof(decimal));
 	}
-	read_decimal(decimal, digits, &exponent);
-	ndigits = strlen(digits);
+	ndigits = read_decimal(decimal, digits, &exponent);
+	while (ndigits > 1 && digits[ndigits - 1] == '0')
+		digits[--ndigits] = '\0';	/* 1.0e+23 is 1E23 */
 	if (exponent >= JAVA_PLAIN_MIN_EXPONENT && exponent < JAVA_PLAIN_MAX_EXPONENT)
 	{
 		if (exponent < 0)

@@ -159,13 +159,15 @@ append_to_json(StringInfo out, ColumnValue v)
 {
 	FmgrInfo	flinfo;
 	FuncExpr   *call;
+	char	   *json;
 
 	/* to_json() learns its argument's type from its call expression */
 	call = makeFuncExpr(F_TO_JSON, JSONOID, list_make1(makeNullConst(v.type, -1, InvalidOid)),
 						InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL);
 	fmgr_info(F_TO_JSON, &flinfo);
 	flinfo.fn_expr = (Node *) call;
-	appendStringInfoString(out, pg_server_to_any(TextDatumGetCString(FunctionCall1(&flinfo, v.datum)), -1, PG_UTF8));
+	json = TextDatumGetCString(FunctionCall1(&flinfo, v.datum));
+	appendStringInfoString(out, pg_server_to_any(json, strlen(json), PG_UTF8));
 }
 
 /*

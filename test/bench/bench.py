@@ -1099,19 +1099,18 @@ class Bench:
         for round_ in range(self.size["b1_rounds"]):
             for name, (publisher, statements) in B1D_VARIANTS.items():
                 if publisher == "debezium":
-                    self.b1d_base = sum(self.kafka.count(topic) for topic in B1D_TOPICS)
+                    base = self.b1d_records()
                     debezium.run("start")
                     warmup = self.pgbench(b1_script(statements), B1_WARMUP)
-                    self.b1d_wait_debezium(2 * warmup["processed"])
+                    self.b1d_wait_debezium(base + 2 * warmup["processed"])
                     self.b1d_clean()    # every variant's load starts after a checkpoint
                 pids = {"ours": self.worker.pids, "debezium": debezium.pids}.get(publisher, list)()
-                before = (cpu_seconds(pids), self.db.value("SELECT pg_current_wal_lsn()"),
-                          sum(self.kafka.count(topic) for topic in B1D_TOPICS))
+                before = (cpu_seconds(pids), self.db.value("SELECT pg_current_wal_lsn()"), self.b1d_records())
                 figures = self.pgbench(b1_script(statements), self.size["b1_seconds"])
                 if publisher == "ours":
                     self.worker.wait_drained(120)
                 elif publisher == "debezium":
-                    self.b1d_wait_debezium(before[2] + 2 * figures["processed"], total=True)
+                    self.b1d_wait_debezium(before[2] + 2 * figures["processed"])
                 tps[name].append(figures["tps"])
                 cpu[name].append(cpu_seconds(pids) - before[0])
                 wal[name].append(self.db.value("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)",
@@ -1125,12 +1124,12 @@ class Bench:
         self.results["b1d"] = {name: {"tps": statistics.median(tps[name]), "cores": sum(cpu[name]) / seconds,
                                       "wal": statistics.median(wal[name])} for name in B1D_VARIANTS}
 
-    def b1d_wait_debezium(self, n, total=False):
-        """Until the B1D topics hold n records more than at Debezium's
-        start (or in all, with total)."""
-        base = 0 if total else self.b1d_base
-        wait_until("Debezium's records in Kafka", lambda: sum(
-            self.kafka.count(topic) for topic in B1D_TOPICS) >= base + n, 300, 0.2)
+    def b1d_records(self):
+        return sum(self.kafka.count(topic) for topic in B1D_TOPICS)
+
+    def b1d_wait_debezium(self, n):
+        """Until the B1D topics hold n records."""
+        wait_until("Debezium's records in Kafka", lambda: self.b1d_records() >= n, 300, 0.2)
 
     def b1d_clean(self):
         self.db.run(f"TRUNCATE {', '.join(B1D_TABLES.values())}, plain_message")

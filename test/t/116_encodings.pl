@@ -80,7 +80,8 @@ is($node->safe_psql('latin', $worker_pid_query), $worker_pid, 'the inbox worker 
 is($node->safe_psql('latin', 'SELECT count(*) FROM inbox_dead_letter'), '0', 'no dead letter');
 
 # Captured from the LATIN1 database: a JsonConverter key "café" and a text
-# payload "naïve" under StringConverter, a jsonb payload under JsonConverter.
+# payload "naïve" under StringConverter, a jsonb payload under JsonConverter,
+# an array placed in the envelope (to_json()'s text).
 my $captured = unique_topic('latin.captured');
 kafka_admin('create-topic', $captured, '--partitions', '1');
 $node->safe_psql('latin', qq{
@@ -93,11 +94,32 @@ $node->safe_psql('latin', qq{
 	    "value.converter": "org.apache.kafka.connect.json.JsonConverter", "table.expand.json.payload": true}');
 	INSERT INTO text_events VALUES (gen_random_uuid(), 'Order', U&'caf\\00E9', 'OrderCreated', U&'na\\00EFve');
 	INSERT INTO json_events VALUES (gen_random_uuid(), 'Order', '2', 'OrderCreated', jsonb_build_object('s', U&'na\\00EFve'));
+	CREATE TABLE tagged_events (LIKE text_events);
+	ALTER TABLE tagged_events ADD COLUMN tags text[];
+	SELECT outbox_capture('tagged_events', '{"route.topic.replacement": "$captured",
+	    "value.converter": "org.apache.kafka.connect.json.JsonConverter", "table.fields.additional.placement": "tags:envelope"}');
+	INSERT INTO tagged_events VALUES (gen_random_uuid(), 'Order', '3', 'OrderCreated', 'x', ARRAY[U&'na\\00EFve']);
 });
 sub utf8_bytes { my ($text) = @_; $text //= ''; utf8::encode($text); return $text; }
 my @bytes = map { [ utf8_bytes($_->{key}), utf8_bytes($_->{value}) ] }
-  @{ consume_topics(topics => [$captured], expect => 3, idle => 3) };
-is_deeply(\@bytes, [ [ "\"caf\xc3\xa9\"", "na\xc3\xafve" ], [ '2', "{\"s\":\"na\xc3\xafve\"}" ] ],
-	'captured records are UTF-8: a JSON key, a text value, an expanded JSON value');
+  @{ consume_topics(topics => [$captured], expect => 4, idle => 3) };
+is_deeply(\@bytes, [ [ "\"caf\xc3\xa9\"", "na\xc3\xafve" ], [ '2', "{\"s\":\"na\xc3\xafve\"}" ],
+		[ '3', "{\"payload\":\"x\",\"tags\":[\"na\xc3\xafve\"]}" ] ],
+	'captured records are UTF-8: a JSON key, a text value, an expanded JSON value, an array in the envelope');
+
+# A SQL_ASCII database may hold bytes that are no UTF-8: a captured value
+# made of them is refused at the insert (Kafka Connect writes UTF-8), and
+# nothing is enqueued.
+$node->safe_psql('postgres', q{
+	CREATE DATABASE bytes ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
+$node->safe_psql('bytes', q{
+	CREATE EXTENSION outbox;
+	CREATE TABLE events (id uuid, aggregatetype text, aggregateid text, type text, payload text);
+	SELECT outbox_capture('events', '{"value.converter": "org.apache.kafka.connect.json.JsonConverter"}');
+});
+my ($ret, $stdout, $stderr) = $node->psql('bytes', q{\set VERBOSITY verbose
+	INSERT INTO events VALUES (gen_random_uuid(), 'Order', '1', 'OrderCreated', convert_from('\x61ff62f0', 'SQL_ASCII'))});
+like($stderr, qr/22021: invalid byte sequence for encoding "UTF8"/, 'a value that is no UTF-8 is refused with 22021');
+is($node->safe_psql('bytes', 'SELECT count(*) FROM outbox_message'), '0', 'and nothing is enqueued');
 
 done_testing();
