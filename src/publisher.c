@@ -94,23 +94,48 @@ wait_for_wake(long timeout_ms)
 }
 
 /*
- * Coalesce wakes: if commits woke the worker while its last turn ran (they
- * come faster than turns complete), let more gather before the next turn,
- * for as long as that turn took, at most outbox.max_wake_delay.  Each turn
- * costs a transaction whatever it carries, so at a steady rate this about
- * halves the turns, and their CPU, for at most that much more latency; a
- * commit that finds the worker idle is published at once.  A SIGTERM ends
- * the wait early only at its end.
+ * The rate at which transactions commit messages, measured over windows of
+ * COMMIT_RATE_WINDOW_MS: above COALESCE_ABOVE_COMMITS_PER_S, a turn per
+ * Kafka round trip costs the machine more than the latency it saves.
+ */
+#define COMMIT_RATE_WINDOW_MS 100
+#define COALESCE_ABOVE_COMMITS_PER_S 2000
+
+static TimestampTz commit_rate_window_began = 0;
+static uint64 commits_at_window_began = 0;
+static double commits_per_s = 0;
+
+static void
+measure_commit_rate(TimestampTz now)
+{
+	long		elapsed_ms = TimestampDifferenceMilliseconds(commit_rate_window_began, now);
+	uint64		commits = worker_commits_woken();
+
+	if (elapsed_ms < COMMIT_RATE_WINDOW_MS)
+		return;
+	commits_per_s = (commits - commits_at_window_began) * 1000.0 / elapsed_ms;
+	commit_rate_window_began = now;
+	commits_at_window_began = commits;
+}
+
+/*
+ * Coalesce wakes: if commits woke the worker while its last turn ran and
+ * they come faster than COALESCE_ABOVE_COMMITS_PER_S, let more gather for
+ * outbox.max_wake_delay before the next turn.  Each turn costs the same
+ * whatever it carries, in the worker, its Kafka process and the broker
+ * (a produce request); under such a load fewer, larger turns leave the
+ * application its CPU.  Below that rate a commit is published at once.  A
+ * SIGTERM ends the wait early only at its end.
  */
 static void
-coalesce_wakes(TimestampTz turn_began)
+coalesce_wakes(void)
 {
-	long		turn_ms = TimestampDifferenceMilliseconds(turn_began, GetCurrentTimestamp());
-	long		delay_ms = Min(turn_ms, outbox_max_wake_delay);
-
-	if (delay_ms <= 0 || !MyLatch->is_set)
+	measure_commit_rate(GetCurrentTimestamp());
+	if (outbox_max_wake_delay <= 0 || !MyLatch->is_set ||
+		commits_per_s < COALESCE_ABOVE_COMMITS_PER_S)
 		return;
-	(void) WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms, PG_WAIT_EXTENSION);
+	(void) WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, outbox_max_wake_delay,
+					 PG_WAIT_EXTENSION);
 }
 
 /*
@@ -307,14 +332,13 @@ publish_until_stopped(Oid database)
 
 	while (!ShutdownRequestPending)
 	{
-		TimestampTz turn_began = GetCurrentTimestamp();
 		long		wait_ms;
 		bool		go_on = publish_once(pipeline, &wait_ms);
 
 		MemoryContextReset(loop_context);
 		if (!go_on && !ShutdownRequestPending)
 		{
-			coalesce_wakes(turn_began);
+			coalesce_wakes();
 			wait_for_wake(wait_ms);
 		}
 	}

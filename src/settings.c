@@ -40,7 +40,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define DEFAULT_RETRY_BACKOFF_MAX_MS (5 * 60 * 1000)
 #define DEFAULT_MAX_ATTEMPTS 10
 #define DEFAULT_POLL_INTERVAL_MS (10 * 1000)
-#define DEFAULT_MAX_WAKE_DELAY_MS 2
+#define DEFAULT_MAX_WAKE_DELAY_MS 5
 #define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
 #define DEFAULT_SENT_RETENTION_S 0
 #define DEFAULT_MAX_WORKERS 4
@@ -260,8 +260,8 @@ define_publisher_loop_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_wake_delay",
-							"Longest the worker lets commits gather before a turn, when more came during the last one.",
-							"It waits no longer than the last turn took; 0 starts each turn at once. "
+							"How long the worker lets commits gather before a turn, when they come faster than 2,000 a second.",
+							"Below that rate, and at 0, each turn starts at once. "
 							"Fewer, larger turns leave more CPU to the application.",
 							&outbox_max_wake_delay,
 							DEFAULT_MAX_WAKE_DELAY_MS, 0, MAX_MAX_WAKE_DELAY_MS,

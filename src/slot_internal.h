@@ -71,6 +71,8 @@ typedef struct OutboxWorkerSlot
 										 * looked, or NO_ID (commit_report.c) */
 	pg_atomic_uint64 prepared_below;	/* lowest id of a prepared transaction,
 										 * or NO_ID */
+	pg_atomic_uint64 commits_woken;	/* transactions that committed messages
+									 * and woke the worker, ever */
 	pg_atomic_uint64 delayed_due;	/* earliest time a delayed message
 									 * committed since the worker last looked
 									 * is due, encoded as an id, or NO_ID */

@@ -217,8 +217,18 @@ worker_wake_publisher(Oid database)
 	OutboxWorkerSlot *slot = slot_of_database(database);
 
 	if (slot)
+	{
+		pg_atomic_fetch_add_u64(&slot->commits_woken, 1);
 		wake(slot);
+	}
 	return slot != NULL;
+}
+
+/* How many transactions have committed messages and woken this worker. */
+uint64
+worker_commits_woken(void)
+{
+	return pg_atomic_read_u64(&my_slot->commits_woken);
 }
 
 /* Is a slot handed out for this database: does a publisher serve it? */

@@ -19,6 +19,7 @@ extern int	worker_slot_count(void);
 extern bool worker_slot_read(int slot, WorkerStatus *status);
 extern const char *worker_state_name(OutboxWorkerState state);
 extern bool worker_wake_publisher(Oid database);
+extern uint64 worker_commits_woken(void);
 extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_note_delayed_message(Oid database, TimestampTz due);
