@@ -94,7 +94,7 @@ SHLIB_LINK = $(RDKAFKA_LIBS)
 REGRESS = surface refused dead_letter views privileges settings databases delivery capture
 REGRESS_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
-ISOLATION = enqueue_rollback key_locks row_writer
+ISOLATION = enqueue_rollback key_locks row_writer capture_settings_cache
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.

@@ -42,6 +42,7 @@
 #include "postgres.h"
 
 #include "access/relation.h"
+#include "access/xact.h"
 #include "catalog/catalog.h"
 #include "catalog/dependency.h"
 #include "catalog/partition.h"
@@ -54,6 +55,8 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -101,6 +104,16 @@ find_extension(void)
 										 PointerGetDatum(buildoidvector(NULL, 0)),
 										 ObjectIdGetDatum(e.namespace));
 	return e;
+}
+
+/*
+ * Make every backend read the captured tables' settings again
+ * (table_settings()).
+ */
+static void
+registry_changed(const CaptureExtension *e)
+{
+	CacheInvalidateRelcacheByRelid(get_relname_relid("outbox_captured", e->namespace));
 }
 
 /* rel's name, schema-qualified and quoted, for a statement. */
@@ -254,6 +267,7 @@ outbox_capture(PG_FUNCTION_ARGS)
 				 2, types, values);
 	create_capture_trigger(rel, &e);
 	SPI_finish();
+	registry_changed(&e);
 	relation_close(rel, NoLock);
 	PG_RETURN_JSONB_P(effective);
 }
@@ -278,6 +292,7 @@ outbox_uncapture(PG_FUNCTION_ARGS)
 	drop_capture_triggers(rel, &e);
 	forget_dropped_tables(&e);
 	SPI_finish();
+	registry_changed(&e);
 	relation_close(rel, NoLock);
 	PG_RETURN_BOOL(was_captured);
 }
@@ -319,32 +334,141 @@ registered_settings(Relation rel, const CaptureExtension *e)
 }
 
 /*
- * The trigger's state for this statement: the extension, and the settings
- * of the captured table read against rel.  Refuses a table that
- * outbox_capture() did not register.
+ * The settings of each captured table the trigger fired on in this backend,
+ * read against the table's columns.  Reading them again at each statement
+ * (a query of outbox_captured as the extension's owner, then the settings
+ * read against the table) cost more than the rest of a one-row INSERT.  An
+ * entry is forgotten on a relcache invalidation of its table (ALTER TABLE,
+ * CREATE or DROP TRIGGER), and every entry on one of outbox_captured, which
+ * outbox_capture() and outbox_uncapture() send as they write it
+ * (registry_changed()).  A forgotten entry's memory is freed only at the end
+ * of the transaction: a statement that began before may still use it.
  */
-static CaptureState *
-capture_state(FunctionCallInfo fcinfo, Relation rel)
+typedef struct CapturedTable
 {
-	CaptureState *state = fcinfo->flinfo->fn_extra;
-	MemoryContext old;
-	Jsonb	   *settings;
+	Oid			relid;			/* the key */
+	Oid			extension;
+	bool		valid;			/* false once an invalidation came */
+	MemoryContext context;		/* holds settings */
+	CaptureSettings *settings;
+} CapturedTable;
 
-	if (state != NULL && state->relid == RelationGetRelid(rel))
-		return state;
-	old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-	state = palloc0(sizeof(CaptureState));
-	state->relid = RelationGetRelid(rel);
-	state->extension = find_extension();
-	settings = registered_settings(rel, &state->extension);
-	if (settings == NULL)
+static HTAB *captured_tables = NULL;
+static Oid	captured_registry = InvalidOid; /* outbox_captured, once read */
+static List *retired_contexts = NIL;
+
+static void
+captured_tables_invalidate(Datum arg, Oid relid)
+{
+	HASH_SEQ_STATUS scan;
+	CapturedTable *entry;
+
+	if (OidIsValid(relid) && relid != captured_registry)
+	{
+		entry = hash_search(captured_tables, &relid, HASH_FIND, NULL);
+		if (entry)
+			entry->valid = false;
+		return;
+	}
+	hash_seq_init(&scan, captured_tables);
+	while ((entry = hash_seq_search(&scan)) != NULL)
+		entry->valid = false;
+}
+
+static void
+free_retired_contexts(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_PARALLEL_COMMIT &&
+		event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT &&
+		event != XACT_EVENT_PREPARE)
+		return;
+	foreach(lc, retired_contexts)
+		MemoryContextDelete(lfirst(lc));
+	list_free(retired_contexts);
+	retired_contexts = NIL;
+}
+
+static void
+remember_captured_tables(void)
+{
+	HASHCTL		ctl = {0};
+
+	if (captured_tables)
+		return;
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(CapturedTable);
+	ctl.hcxt = CacheMemoryContext;
+	captured_tables = hash_create("outbox captured tables", 16, &ctl,
+								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	CacheRegisterRelcacheCallback(captured_tables_invalidate, (Datum) 0);
+	RegisterXactCallback(free_retired_contexts, NULL);
+}
+
+/*
+ * The settings of the captured table rel, or of the partitioned table it is
+ * a partition of, read against rel.  Refuses a table that outbox_capture()
+ * did not register.
+ */
+static CaptureSettings *
+table_settings(Relation rel, const CaptureExtension *e)
+{
+	Oid			relid = RelationGetRelid(rel);
+	CapturedTable *entry;
+	MemoryContext context;
+	MemoryContext old;
+	Jsonb	   *json;
+	CaptureSettings *settings;
+	bool		found;
+
+	remember_captured_tables();
+	entry = hash_search(captured_tables, &relid, HASH_FIND, NULL);
+	if (entry && entry->valid && entry->extension == e->extension)
+		return entry->settings;
+
+	/* made under the statement's context, which an error frees */
+	context = AllocSetContextCreate(CurrentMemoryContext, "outbox captured table",
+									ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(context);
+	json = registered_settings(rel, e);
+	if (json == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("outbox_capture_trigger() fires only on tables captured by outbox_capture(), not on \"%s\"",
 						RelationGetRelationName(rel)),
 				 errhint("The table's owner, once granted outbox_capture(), captures it with outbox_capture().")));
-	state->settings = capture_settings_read(settings, rel);
+	settings = capture_settings_read(json, rel);
 	MemoryContextSwitchTo(old);
+
+	MemoryContextSetParent(context, CacheMemoryContext);
+	captured_registry = get_relname_relid("outbox_captured", e->namespace);
+	entry = hash_search(captured_tables, &relid, HASH_ENTER, &found);
+	if (found)
+	{
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		retired_contexts = lappend(retired_contexts, entry->context);
+		MemoryContextSwitchTo(old);
+	}
+	entry->extension = e->extension;
+	entry->valid = true;
+	entry->context = context;
+	entry->settings = settings;
+	return settings;
+}
+
+/* The trigger's state for this statement: the extension, and rel's settings. */
+static CaptureState *
+capture_state(FunctionCallInfo fcinfo, Relation rel)
+{
+	CaptureState *state = fcinfo->flinfo->fn_extra;
+
+	if (state != NULL && state->relid == RelationGetRelid(rel))
+		return state;
+	state = MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt, sizeof(CaptureState));
+	state->relid = RelationGetRelid(rel);
+	state->extension = find_extension();
+	state->settings = table_settings(rel, &state->extension);
 	fcinfo->flinfo->fn_extra = state;
 	return state;
 }
