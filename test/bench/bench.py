@@ -68,10 +68,10 @@ PYTHON = "/usr/bin/python3"
 
 SIZES = {
     "default": {"b1b_rows": 1_000_000, "b1b_chunk": 100_000, "b1_rounds": 3, "b1_seconds": 10, "backlog": 1_000_000, "segment": 100_000,
-                "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300, "b6_seconds": 25,
+                "b3_burst": 500_000, "seed_window": 60, "b3_seconds": 25, "grace": 10, "b5_hold": 300, "b6_seconds": 25,
                 "b6_warmup": 20, "b9_messages": 1_000_000, "b8_seconds": 30},
     "quick": {"b1b_rows": 100_000, "b1b_chunk": 10_000, "b1_rounds": 1, "b1_seconds": 5, "backlog": 100_000, "segment": 10_000,
-              "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60, "b6_seconds": 8,
+              "b3_burst": 100_000, "seed_window": 15, "b3_seconds": 8, "grace": 5, "b5_hold": 60, "b6_seconds": 8,
               "b6_warmup": 5, "b9_messages": 100_000, "b8_seconds": 8},
 }
 SOAK = {"seconds": 600, "rate": 1000, "every": 30}
@@ -185,6 +185,11 @@ B8_PEERS = ("ours", "tuned")
 # cannot commit 10,000 transactions a second while publishing them (about
 # 4,000 to 5,000 here), so 10,000 msg/s come as 1,000 transactions of 10.
 B3_RATES = {1000: 1, 10000: 10}
+# B3 after a burst: the size's "b3_burst" messages enqueued at once, and as
+# soon as Kafka holds them all, B3's 1,000 msg/s load, whose latencies are
+# counted from its first message for B3_AFTER_BURST seconds (the drained
+# segments truncated, the outbox's autovacuum, meanwhile).
+B3_AFTER_BURST = 10
 # B3BG: B3's rates, ours, the tuned poller's and the floor's, while the
 # database does other work.  A second pgbench updates random rows of
 # bg_account (schema.sql; "rows" of them, filled at the part's start) at
@@ -1092,7 +1097,7 @@ class Bench:
         moment they are all in Kafka, CPU and WAL alike."""
         debezium = Debezium(self.args, self.db)
         self.db.run("SELECT outbox_capture(%s)", (B1D_TABLES["capture"],))
-        tps, cpu, wal = ({name: [] for name in B1D_VARIANTS} for _ in range(3))
+        tps, cpu, wal, server = ({name: [] for name in B1D_VARIANTS} for _ in range(4))
         self.pgbench(b1_script(B1_VARIANTS[B1_PUBLISHING]), B1_WARMUP)
         self.worker.wait_drained(60)
         self.b1d_clean()
@@ -1105,7 +1110,8 @@ class Bench:
                     self.b1d_wait_debezium(base + 2 * warmup["processed"])
                     self.b1d_clean()    # every variant's load starts after a checkpoint
                 pids = {"ours": self.worker.pids, "debezium": debezium.pids}.get(publisher, list)()
-                before = (cpu_seconds(pids), self.db.value("SELECT pg_current_wal_lsn()"), self.b1d_records())
+                before = (cpu_seconds(pids), self.db.value("SELECT pg_current_wal_lsn()"), self.b1d_records(),
+                          self.server_cpu())
                 figures = self.pgbench(b1_script(statements), self.size["b1_seconds"])
                 if publisher == "ours":
                     self.worker.wait_drained(120)
@@ -1115,6 +1121,7 @@ class Bench:
                 cpu[name].append(cpu_seconds(pids) - before[0])
                 wal[name].append(self.db.value("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)",
                                                (before[1],)) / figures["processed"])
+                server[name].append((self.server_cpu() - before[3]) / figures["processed"])
                 if publisher == "debezium":
                     debezium.run("drop")
                 progress(f"B1D round {round_ + 1}: {name}: {tps[name][-1]:,.0f} TPS,"
@@ -1122,7 +1129,17 @@ class Bench:
                 self.b1d_clean()
         seconds = self.size["b1_seconds"] * self.size["b1_rounds"]
         self.results["b1d"] = {name: {"tps": statistics.median(tps[name]), "cores": sum(cpu[name]) / seconds,
-                                      "wal": statistics.median(wal[name])} for name in B1D_VARIANTS}
+                                      "wal": statistics.median(wal[name]),
+                                      "server": statistics.median(server[name])} for name in B1D_VARIANTS}
+
+    def server_cpu(self):
+        """CPU seconds of the database server: the postmaster and every
+        process below it (backends, workers, their Kafka processes,
+        walsenders), and of those that ended."""
+        if not hasattr(self, "postmaster"):
+            with open(os.path.join(self.db.value("SHOW data_directory"), "postmaster.pid")) as pidfile:
+                self.postmaster = int(pidfile.readline())
+        return sum(process_cpu(pid) for pid in descendants(self.postmaster))
 
     def b1d_records(self):
         return sum(self.kafka.count(topic) for topic in B1D_TOPICS)
@@ -1138,13 +1155,18 @@ class Bench:
     def b1d_report(self, b1d):
         alone = b1d["business transaction alone"]
         rows = [("B1D variant", "TPS (median)", "of the transaction alone", "publisher cores",
-                 "WAL bytes / transaction", "WAL added / message")]
+                 "server CPU added / message, us", "WAL bytes / transaction", "WAL added / message")]
         for name, r in b1d.items():
+            added = r is not alone
             rows.append((name, f"{r['tps']:,.0f}", f"{r['tps'] / alone['tps']:.2f}", f"{r['cores']:.2f}",
-                         f"{r['wal']:,.0f}", f"{(r['wal'] - alone['wal']) / 2:,.0f}" if r is not alone else ""))
+                         f"{(r['server'] - alone['server']) / 2 * 1e6:,.1f}" if added else "",
+                         f"{r['wal']:,.0f}", f"{(r['wal'] - alone['wal']) / 2:,.0f}" if added else ""))
         notes = ["  publisher cores: CPU seconds of what publishes (our worker and its Kafka process;"
                  " Debezium's JVM and its walsender) from each load's start until its messages are in"
-                 " Kafka, over the loads' seconds; WAL from the same start to the same end"]
+                 " Kafka, over the loads' seconds; WAL from the same start to the same end",
+                 "  server CPU added per message: the database server's CPU (backends, our worker and"
+                 " its Kafka process, Debezium's walsender; not Debezium's JVM) over the same span,"
+                 " per transaction, less the transaction alone's, over its 2 messages"]
         return table(rows) + notes
 
     def start_publisher(self, variant):
@@ -1384,6 +1406,23 @@ class Bench:
         self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
                               for rate in B3_RATES}
         self.results["floor"] = {rate: self.floor_run(rate) for rate in B3_RATES}
+        self.results["b3_burst"] = self.b3_after_burst()
+
+    def b3_after_burst(self):
+        """B3's load at 1,000 msg/s, ours, started once a burst is in Kafka."""
+        n, topic = self.size["b3_burst"], "bench.b3.burst"
+        begin = time.monotonic()
+        for lo in range(1, n + 1, FILL_CHUNK):
+            rows = f"generate_series({lo}, {min(lo + FILL_CHUNK - 1, n)}) i"
+            self.db.run(enqueue_sql("ours", topic, B2_PAYLOAD, "'key-' || mod(i, 1000)", rows))
+        wait_until(f"B3 burst: {n:,} messages in Kafka", lambda: self.kafka.count(topic) >= n, 300, 0.02)
+        progress(f"B3 burst: {n:,} messages enqueued and in Kafka in {time.monotonic() - begin:.1f} s")
+        result, = self.latency_loads("B3 ours at 1000/s after a burst",
+                                     [(self.db, "ours", "bench.b3.burst.1000", 1000, 1)],
+                                     B3_AFTER_BURST, warmup=0)
+        progress("B3 ours at 1000/s after a burst: " + latency_summary(result))
+        self.clean()
+        return result
 
     # B3BG --------------------------------------------------------------------
 
@@ -2214,6 +2253,16 @@ class Bench:
                              *(f"{by_peer[p]['committed']:,.0f} / {by_peer[p]['delivered']:,.0f}"
                                for p in PEERS),
                              "", ""))
+        floor = self.results.get("floor", {}).get(1000)
+        burst = self.results.get("b3_burst")
+        if b3 and floor:
+            over = b3[1000]["ours"]["p99"] - floor["p99"]
+            rows.append(("B3 1k msg/s, p99 over Kafka's floor, ms", f"{over:+.1f}", "", "", "", "<= 5"))
+        if burst and floor:
+            rows.append((f"B3 1k msg/s, first {B3_AFTER_BURST} s after a burst of {self.size['b3_burst']:,},"
+                         " p50 / p99 / max ms", "%(p50).1f / %(p99).1f / %(max).1f" % burst, "", "", "", ""))
+            rows.append(("B3 the same, p99 over Kafka's floor, ms", f"{burst['p99'] - floor['p99']:+.1f}",
+                         "", "", "", "<= 5"))
         if len(rows) > 1:
             out += table(rows)
         for rate, floor in self.results.get("floor", {}).items():
@@ -2493,6 +2542,7 @@ def main():
     bench.kafka.create_topics(["crm.sync", "coupon.welcome"] + B1D_TOPICS
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
+                              + ["bench.b3.burst", "bench.b3.burst.1000"]
                               + [f"bench.b3bg.{p}.{r}" for p in B3BG_PEERS + ("floor",) for r in B3_RATES]
                               + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
