@@ -4,7 +4,11 @@
 # enqueue time.  What bench.py's consumer measures on them is what the broker
 # and the consumer alone cost on this machine: no peer can do better.
 #
-#   floor.py --brokers B --topic T --rate MSG_PER_S --seconds S
+#   floor.py --brokers B --topic T --rate MSG_PER_S --seconds S [--burst N --burst-topic T2]
+#
+# With --burst, N messages are first produced to T2 as fast as the producer
+# goes, and flushed: the load then meets the broker as B3's after a burst
+# meets it.
 #
 # /usr/bin/python3 on purpose: Debian's python3-confluent-kafka.
 import argparse
@@ -15,12 +19,27 @@ import time
 from confluent_kafka import Producer
 
 
+def burst(producer, topic, n):
+    """n messages of about 200 bytes, as fast as the producer takes them."""
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, json.dumps({"seq": i, "pad": "x" * 180}), "key-%d" % (i % 1000))
+                break
+            except BufferError:     # its queue is full: let it send
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush()
+
+
 def main():
     parser = argparse.ArgumentParser(description="produce timestamped messages at a steady rate")
     parser.add_argument("--brokers", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--burst", type=int, default=0)
+    parser.add_argument("--burst-topic")
     args = parser.parse_args()
 
     # As the peers' producers, but holding messages back 1 ms at most: 0
@@ -28,6 +47,7 @@ def main():
     # more than it saves.
     producer = Producer({"bootstrap.servers": args.brokers, "enable.idempotence": True,
                          "acks": "all", "linger.ms": 1})
+    burst(producer, args.burst_topic, args.burst)
     begin = time.monotonic()
     for i in range(int(args.rate * args.seconds)):
         time.sleep(max(0.0, begin + i / args.rate - time.monotonic()))
