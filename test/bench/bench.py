@@ -11,7 +11,8 @@
 #       outbox_capture() and by Debezium (test/bench/debezium.sh): the
 #       application's TPS, the CPU of what publishes, the WAL per transaction
 #   B2  drain: a backlog committed while nothing could publish, then published
-#   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second
+#   B3  commit-to-consumer latency at 1,000 and 10,000 messages per second,
+#       and at 1,000 right after a burst of 500,000
 #   B3BG B3 while other updates, autovacuum and checkpoints run
 #   B4  (--soak) ten minutes at 1,000 messages per second: does anything grow?
 #   B5  1,000 messages per second while a transaction holds the xmin horizon
@@ -947,12 +948,16 @@ class Bench:
 
     # B2 ----------------------------------------------------------------------
 
-    def fill_backlog(self, peer, topic):
-        n = self.size["backlog"]
-        begin = time.monotonic()
+    def enqueue_numbered(self, peer, topic, n):
+        """B2's n numbered messages over 1,000 keys, in transactions of FILL_CHUNK."""
         for lo in range(1, n + 1, FILL_CHUNK):
             rows = f"generate_series({lo}, {min(lo + FILL_CHUNK - 1, n)}) i"
             self.db.run(enqueue_sql(peer, topic, B2_PAYLOAD, "'key-' || mod(i, 1000)", rows))
+
+    def fill_backlog(self, peer, topic):
+        n = self.size["backlog"]
+        begin = time.monotonic()
+        self.enqueue_numbered(peer, topic, n)
         rate = n / (time.monotonic() - begin)
         progress(f"B2 {peer}: {n:,} messages committed ({rate:,.0f}/s); vacuum, checkpoint")
         # As autovacuum would have, in an outage long enough to pile up this
@@ -1400,10 +1405,11 @@ class Bench:
             wait_until(f"{part} floor at {rate}/s: every message consumed",
                        lambda: len(consumer.samples) >= int(rate * seconds), 30)
         consumer.stop()
-        stats = percentiles(consumer.latencies(enqueued_after=begin + (0 if burst else WARMUP * 1000)))
+        counted_from = begin + (0 if burst else WARMUP * 1000)
+        stats = percentiles(consumer.latencies(enqueued_after=counted_from))
         progress("%s floor at %d/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms"
                  % (part, rate, stats["p50"], stats["p99"], stats["max"]))
-        return {**stats, "background": activity, "consumer": consumer, "from": begin + WARMUP * 1000}
+        return {**stats, "background": activity, "consumer": consumer, "from": counted_from}
 
     def b3(self):
         self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
@@ -1415,9 +1421,7 @@ class Bench:
         """B3's load at 1,000 msg/s, ours, started once a burst is in Kafka."""
         n, topic = self.size["b3_burst"], "bench.b3.burst"
         begin = time.monotonic()
-        for lo in range(1, n + 1, FILL_CHUNK):
-            rows = f"generate_series({lo}, {min(lo + FILL_CHUNK - 1, n)}) i"
-            self.db.run(enqueue_sql("ours", topic, B2_PAYLOAD, "'key-' || mod(i, 1000)", rows))
+        self.enqueue_numbered("ours", topic, n)
         wait_until(f"B3 burst: {n:,} messages in Kafka", lambda: self.kafka.count(topic) >= n, 300, 0.02)
         progress(f"B3 burst: {n:,} messages enqueued and in Kafka in {time.monotonic() - begin:.1f} s")
         result, = self.latency_loads("B3 ours at 1000/s after a burst",
