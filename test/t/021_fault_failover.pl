@@ -86,12 +86,41 @@ sub failover_dsn
 		join(',', map { $_->host } @nodes), join(',', map { $_->port } @nodes));
 }
 
-sub kill_postmaster
+# The primary's machine lost: the postmaster and every process it started
+# die at once.  Killing the postmaster alone would leave its walsender alive
+# for a moment, free to stream the rest of the WAL to a standby that is
+# thawed next, and its worker free to publish what that standby confirms.
+# So the postmaster is stopped first (it forks nothing more), its children
+# are stopped, and then all of them are killed.
+sub kill_primary
 {
-	my ($node) = @_;
+	my ($node, $scenario) = @_;
 	my ($pid) = slurp_file($node->data_dir . '/postmaster.pid') =~ /^(\d+)/;
-	kill 'KILL', $pid or die "cannot kill the postmaster: $!";
+	kill 'STOP', $pid or die "cannot stop the postmaster: $!";
+	my @children;
+	for my $stat (glob('/proc/[0-9]*/stat'))
+	{
+		# a process may be gone by now; "pid (comm) state ppid ..."
+		open(my $fh, '<', $stat) or next;
+		my ($child, $ppid) = (<$fh> // '') =~ /^(\d+) \(.*\) \S+ (\d+)/s;
+		push @children, $child if defined $ppid && $ppid == $pid;
+	}
+	kill 'STOP', @children;
+	kill 'KILL', $pid, @children or die "cannot kill the postmaster: $!";
 	$node->{_pid} = undef;		# the framework's record of the killed postmaster
+	my $deadline = time() + 10;
+	sleep(0.01) while grep({ process_alive($_) } $pid, @children) && time() < $deadline;
+	ok(!grep({ process_alive($_) } $pid, @children),
+		"$scenario: the primary and every process it started are gone");
+}
+
+# A process that exists and is not a zombie.
+sub process_alive
+{
+	my ($pid) = @_;
+	open(my $fh, '<', "/proc/$pid/stat") or return 0;
+	my ($state) = (<$fh> // '') =~ /\) (\S+) /s;
+	return defined $state && $state ne 'Z';
 }
 
 sub walreceiver_pid
@@ -205,7 +234,7 @@ kafka_admin('create-topic', $delayed_topic);
 $primary->safe_psql('postgres',
 	"SELECT outbox_enqueue('$delayed_topic', 'after the failover'::text, 'delayed', deliver_after => '6 seconds')");
 check_standby_quiet($standby);
-kill_postmaster($primary);
+kill_primary($primary, $scenario);
 promote_and_time($standby, $scenario);
 finish_load($load);
 fault_check($standby, scenario => $scenario, topics => \@topics, crashes => 1,
@@ -265,7 +294,7 @@ for my $synchronized (0, 1)
 	{
 		sleep($thaw_at - time()) if time() < $thaw_at;
 	}
-	kill_postmaster($primary);
+	kill_primary($primary, $scenario);
 	kill 'CONT', $walreceiver;
 	@frozen = ();
 	promote_and_time($standby, $scenario);
