@@ -100,13 +100,15 @@ end_frame(StringInfo frame)
 }
 
 /*
- * Wait for the socket, the postmaster's death or a timeout; events is
- * WL_SOCKET_READABLE and/or WL_SOCKET_WRITEABLE.
+ * Wait for the socket, the postmaster's death or a timeout, and for the
+ * process's latch if asked; events is WL_SOCKET_READABLE and/or
+ * WL_SOCKET_WRITEABLE, and maybe WL_LATCH_SET.
  */
 int
 kafka_link_wait(KafkaLink *link, int events, long timeout_ms)
 {
-	return WaitLatchOrSocket(NULL, events | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+	return WaitLatchOrSocket((events & WL_LATCH_SET) ? MyLatch : NULL,
+							 events | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 							 link->socket, Max(timeout_ms, 0), PG_WAIT_EXTENSION);
 }
 

@@ -114,6 +114,7 @@ typedef struct OutboxMessage
 								 * that may have been another's */
 	int32		partition;
 	int64		offset;
+	TimestampTz acked_at;		/* when its delivery report came */
 } OutboxMessage;
 
 /*

@@ -340,14 +340,14 @@ topic_row(const char *topic, int64 window, const char **named)
 }
 
 /*
- * Count the delivered messages of a recorded batch (those DELIVERY_OK),
- * acknowledged at acked_at, by topic and latency: the rows and buckets are
- * worked out first, then added in one short hold of the lock.
+ * Count the delivered messages of a batch recorded at settled_at (those
+ * DELIVERY_OK), by topic and latency to their acknowledgement: the rows and
+ * buckets are worked out first, then added in one short hold of the lock.
  */
 void
-metrics_count_deliveries(const OutboxMessage *messages, int count, TimestampTz acked_at)
+metrics_count_deliveries(const OutboxMessage *messages, int count, TimestampTz settled_at)
 {
-	int64		window = acked_at / METRICS_WINDOW_USECS;
+	int64		window = settled_at / METRICS_WINDOW_USECS;
 	MetricsWindow *w;
 	const char *named[METRICS_MAX_TOPICS] = {0};
 	int		   *rows;
@@ -371,7 +371,7 @@ metrics_count_deliveries(const OutboxMessage *messages, int count, TimestampTz a
 		else
 			rows[delivered] = topic_row(m->topic, window, named);
 		last_topic = m->topic;
-		buckets[delivered] = latency_bucket(Max(acked_at - m->latency_from, 0));
+		buckets[delivered] = latency_bucket(Max(m->acked_at - m->latency_from, 0));
 		delivered++;
 	}
 

@@ -32,6 +32,6 @@ extern void metrics_attach(int slot, Oid database);
 extern TimestampTz metrics_latency_start(TransactionId xmin, TimestampTz created_at,
 										 int attempts, TimestampTz due_at);
 extern void metrics_count_deliveries(const OutboxMessage *messages, int count,
-									 TimestampTz acked_at);
+									 TimestampTz settled_at);
 
 #endif							/* OUTBOX_METRICS_H */

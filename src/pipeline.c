@@ -21,11 +21,13 @@
  * partial one (one that neither outbox.batch_size nor
  * outbox.max_batch_bytes cut short) is also settled in that transaction,
  * which spares a second transaction per wake when messages come a few at a
- * time.  Not so under
- * outbox.synchronized_standby_slots: then every batch is produced after the
- * commit, once the standbys have flushed it (standby_slots.c), a wait that
- * holds no transaction open.  Its position is the later of the insert
- * position read right after the claim and the end of the turn's commit.
+ * time, and while it waits for Kafka, what commits meanwhile is claimed
+ * into it and produced at once (claim_late()), unless the publisher
+ * coalesces wakes.  Not so under outbox.synchronized_standby_slots: then
+ * every batch is produced after the commit, once the standbys have flushed
+ * it (standby_slots.c), a wait that holds no transaction open.  Its
+ * position is the later of the insert position read right after the claim
+ * and the end of the turn's commit.
  *
  * A claimed batch is produced only if the batch settled before it went
  * through whole: a message to retry holds back the later messages of its
@@ -45,9 +47,11 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
 #include "replication/syncrep.h"
+#include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
@@ -68,6 +72,13 @@
 /* The smallest hash table of held keys worth making. */
 #define MIN_HELD_KEYS 16
 
+/*
+ * How long a turn that produced a partial batch at once goes on claiming
+ * into it what commits meanwhile (claim_late()).  The batch is recorded,
+ * and its transaction ends, once the window is over and every report in.
+ */
+#define LATE_CLAIM_WINDOW_MS 20
+
 typedef enum BatchState
 {
 	BATCH_EMPTY,
@@ -83,6 +94,7 @@ typedef struct Batch
 	Oid			extension;		/* the outbox extension whose rows they are */
 	OutboxMessage *messages;
 	int			count;
+	int			room;			/* messages has room for this many */
 	bool		full;			/* claimed up to a limit: more may wait */
 	XLogRecPtr	claimed_lsn;	/* after every commit the claim saw */
 	bool		settled_whole;	/* every message delivered or dead-lettered */
@@ -266,6 +278,7 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 	MemoryContext caller = MemoryContextSwitchTo(batch->context);
 
 	batch->extension = extension;
+	batch->room = outbox_batch_size;
 	batch->count = store_claim_batch(&batch->messages, &batch->full,
 									 outbox_batch_size, (int64) outbox_max_batch_kb * 1024,
 									 in_flight ? in_flight->messages : NULL,
@@ -362,7 +375,7 @@ produce_alone_refused_with_others(OutboxProducer *producer, Batch *batch,
 			{
 				m->produced_alone = true;
 				producer_produce(producer, m, 1);
-				healthy = producer_await_deliveries(producer);
+				healthy = producer_await_deliveries(producer, false) == AWAIT_ALL_REPORTED;
 			}
 			else
 				m->outcome = DELIVERY_NOT_SENT;
@@ -420,8 +433,8 @@ hold_back_behind_failures(Batch *batch)
 
 /*
  * Report a settled batch's first failure, record its outcomes and count
- * them, for outbox_worker and, with their latency to acked_at, for
- * outbox_status (metrics.c).  The report comes first, so that an error in
+ * them, for outbox_worker and, with their latency to their acknowledgement,
+ * for outbox_status (metrics.c).  The report comes first, so that an error in
  * recording them, which store_record_outcomes() reports, is the one
  * outbox_worker shows.  A batch delivered and recorded without a failure
  * says the worker publishes again: the error shown before it goes.  And
@@ -429,7 +442,7 @@ hold_back_behind_failures(Batch *batch)
  * error said meanwhile.
  */
 static void
-record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
+record_outcomes(Pipeline *p, Batch *batch, TimestampTz settled_at)
 {
 	RecordedOutcomes recorded;
 	uint64		error_before = worker_error_mark();
@@ -456,7 +469,107 @@ record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
 	p->claim_again |= recorded.floor_lowered;
 	worker_count_outcomes(recorded.delivered, recorded.retries_scheduled,
 						  recorded.dead_lettered);
-	metrics_count_deliveries(batch->messages, batch->count, acked_at);
+	metrics_count_deliveries(batch->messages, batch->count, settled_at);
+}
+
+/* Batch messages a and b in id order, for qsort(). */
+static int
+compare_ids(const void *a, const void *b)
+{
+	int64		x = ((const OutboxMessage *) a)->id;
+	int64		y = ((const OutboxMessage *) b)->id;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * The store records a batch's outcomes in id order, which a late claim's
+ * messages, produced after the batch's, may not follow.  Once the outcomes
+ * keep each key's order, the messages need no other.
+ */
+static void
+put_in_id_order(Batch *batch)
+{
+	for (int i = 1; i < batch->count; i++)
+		if (batch->messages[i].id < batch->messages[i - 1].id)
+		{
+			qsort(batch->messages, batch->count, sizeof(OutboxMessage), compare_ids);
+			return;
+		}
+}
+
+/*
+ * May the batch take more?  Not once a limit ended a claim, nor while the
+ * worker stops or the producer has failed.
+ */
+static bool
+may_claim_late(Pipeline *p, Batch *batch)
+{
+	return !batch->full && batch->count < batch->room && !ShutdownRequestPending &&
+		!producer_failed_fatally(p->producer);
+}
+
+/*
+ * Claim what committed since the batch was claimed, into its room, and
+ * produce it at once, behind the batch's messages: Kafka gets each key's
+ * messages in the order they are produced, and hold_back_behind_failures()
+ * keeps that order in the outcomes, as for the messages of one claim.
+ * The claim leaves out the batch's own messages, which it takes in id
+ * order.  The messages stay where produce gave them their tokens.
+ */
+static void
+claim_late(Pipeline *p, Batch *batch)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	OutboxMessage *claimed = palloc(sizeof(OutboxMessage) * batch->count);
+	OutboxMessage *late;
+	int64		bytes = 0;
+	int			count;
+
+	for (int i = 0; i < batch->count; i++)
+		bytes += batch->messages[i].payload_len;
+	memcpy(claimed, batch->messages, sizeof(OutboxMessage) * batch->count);
+	qsort(claimed, batch->count, sizeof(OutboxMessage), compare_ids);
+
+	MemoryContextSwitchTo(batch->context);
+	count = store_claim_batch(&late, &batch->full, batch->room - batch->count,
+							  Max((int64) outbox_max_batch_kb * 1024 - bytes, 1),
+							  claimed, batch->count);
+	MemoryContextSwitchTo(caller);
+	if (count == 0)
+		return;
+	memcpy(&batch->messages[batch->count], late, sizeof(OutboxMessage) * count);
+	producer_produce(p->producer, &batch->messages[batch->count], count);
+	batch->count += count;
+	p->claim_again |= batch->full;
+}
+
+/*
+ * Wait for Kafka's reports on a batch produced at once; meanwhile, for
+ * LATE_CLAIM_WINDOW_MS, with late_claims, each commit that wakes the worker
+ * has its messages claimed into the batch and produced (claim_late()), not
+ * left for the next turn, after the batch is recorded: so a message
+ * committed while a turn waits for Kafka is published a round trip later,
+ * not two.  Returns whether every message got its report.
+ */
+static bool
+await_claiming_late(Pipeline *p, Batch *batch, bool late_claims)
+{
+	TimestampTz window_ends = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														  LATE_CLAIM_WINDOW_MS);
+
+	for (;;)
+	{
+		bool		listen = late_claims && may_claim_late(p, batch) &&
+			GetCurrentTimestamp() < window_ends;
+		AwaitResult awaited = producer_await_deliveries(p->producer, listen);
+
+		if (awaited != AWAIT_WOKEN)
+			return awaited == AWAIT_ALL_REPORTED;
+		/* reset before the claim's snapshot: a commit after it wakes again */
+		ResetLatch(MyLatch);
+		claim_late(p, batch);
+	}
 }
 
 /*
@@ -466,23 +579,24 @@ record_outcomes(Pipeline *p, Batch *batch, TimestampTz acked_at)
  * EXTENSION the ids may be another table's: then nothing is recorded.
  */
 static void
-settle_batch(Pipeline *p, Batch *batch, Oid extension)
+settle_batch(Pipeline *p, Batch *batch, Oid extension, bool late_claims)
 {
 	bool		healthy;
-	TimestampTz acked_at;
+	TimestampTz settled_at;
 
 	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
-	healthy = producer_await_deliveries(p->producer);
+	healthy = await_claiming_late(p, batch, late_claims && batch->extension == extension);
 	healthy = produce_alone_refused_with_others(p->producer, batch, healthy);
-	acked_at = GetCurrentTimestamp();	/* every report of the batch is in */
+	settled_at = GetCurrentTimestamp();	/* every report of the batch is in */
 	hold_back_behind_failures(batch);
+	put_in_id_order(batch);
 	if (!healthy || producer_failed_fatally(p->producer))
 	{
 		producer_destroy(p->producer);
 		p->producer = NULL;
 	}
 	if (batch->extension == extension)
-		record_outcomes(p, batch, acked_at);
+		record_outcomes(p, batch, settled_at);
 	batch->state = BATCH_SETTLED;
 }
 
@@ -524,7 +638,8 @@ commit_turn_transaction(MemoryContext turn_context)
  * *next_retry_ms when nothing more waits to be claimed.
  */
 static Oid
-turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry_ms)
+turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, bool late_claims,
+					long *next_retry_ms)
 {
 	Oid			extension;
 
@@ -534,9 +649,9 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, long *next_retry
 		claim_batch(next, extension, in_flight);
 
 	if (in_flight)
-		settle_batch(p, in_flight, extension);
+		settle_batch(p, in_flight, extension, false);
 	else if (!standby_wait_required() && produce_batch(p, next) && !next->full)
-		settle_batch(p, next, extension);
+		settle_batch(p, next, extension, late_claims);
 
 	if (OidIsValid(extension) &&
 		(next->state == BATCH_EMPTY || next->state == BATCH_SETTLED))
@@ -578,7 +693,7 @@ turn_after_commit(Pipeline *p, Batch *next, Batch *settled)
  * *next_retry_ms to the time until the next retry is due, or -1.
  */
 TurnResult
-pipeline_turn(Pipeline *p, long *next_retry_ms)
+pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms)
 {
 	MemoryContext turn_context = CurrentMemoryContext;
 	Batch	   *in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
@@ -590,7 +705,7 @@ pipeline_turn(Pipeline *p, long *next_retry_ms)
 	Assert(next != NULL);		/* a turn empties all but the batch in flight */
 	*next_retry_ms = -1;
 	p->claim_again = false;
-	extension = turn_in_transaction(p, next, in_flight, next_retry_ms);
+	extension = turn_in_transaction(p, next, in_flight, late_claims, next_retry_ms);
 	commit_turn_transaction(turn_context);
 	claimed_waits = turn_after_commit(p, next, in_flight);
 
@@ -611,7 +726,7 @@ pipeline_finish(Pipeline *p)
 	long		next_retry_ms;
 
 	if (pipeline_has_batch_in_flight(p))
-		(void) pipeline_turn(p, &next_retry_ms);
+		(void) pipeline_turn(p, false, &next_retry_ms);
 	producer_destroy(p->producer);
 	p->producer = NULL;
 }

@@ -21,7 +21,7 @@ typedef struct Pipeline Pipeline;
 extern Pipeline *pipeline_create(void);
 extern bool pipeline_has_batch_in_flight(Pipeline *p);
 extern bool pipeline_prepare_producer(Pipeline *p, long *wait_ms);
-extern TurnResult pipeline_turn(Pipeline *p, long *next_retry_ms);
+extern TurnResult pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms);
 extern void pipeline_finish(Pipeline *p);
 
 #endif							/* OUTBOX_PIPELINE_H */

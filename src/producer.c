@@ -214,6 +214,7 @@ handle_delivery(OutboxProducer *producer, WireReader *r)
 	m->error = rd_kafka_err2str(err);
 	m->partition = partition;
 	m->offset = offset;
+	m->acked_at = GetCurrentTimestamp();
 	m->possibly_persisted = status != DELIVERY_STATUS_NOT_PERSISTED &&
 		status != DELIVERY_STATUS_HELD;
 	if (err == RD_KAFKA_RESP_ERR__FATAL)
@@ -475,30 +476,34 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 }
 
 /*
- * Serve delivery reports until every produced message has one.  librdkafka
- * reports each message within message.timeout.ms (never, with 0, until a
- * broker acknowledges it); past that (and REPORT_DEADLINE_SLACK_MS), or
- * SHUTDOWN_GRACE_MS into a shutdown, or after
- * a fatal error, the rest is withdrawn (reported as not sent, so its rows
- * stay to be claimed again).
- * Returns false if anything was withdrawn: the producer must then be
- * destroyed, before the messages' memory is freed, since a report may still
- * be owed for them.
+ * Serve delivery reports until every produced message has one, or, with
+ * until_woken, until the latch is set first (AWAIT_WOKEN: the caller resets
+ * it, and may produce more before it awaits again).  librdkafka reports each
+ * message within message.timeout.ms (never, with 0, until a broker
+ * acknowledges it); past that (and REPORT_DEADLINE_SLACK_MS), or
+ * SHUTDOWN_GRACE_MS into a shutdown, or after a fatal error, the rest is
+ * withdrawn (reported as not sent, so its rows stay to be claimed again):
+ * AWAIT_WITHDRAWN, and the producer must then be destroyed, before the
+ * messages' memory is freed, since a report may still be owed for them.
  */
-bool
-producer_await_deliveries(OutboxProducer *producer)
+AwaitResult
+producer_await_deliveries(OutboxProducer *producer, bool until_woken)
 {
 	TimestampTz deadline = producer->message_timeout_ms == 0 ? DT_NOEND :
 		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 									producer->message_timeout_ms + REPORT_DEADLINE_SLACK_MS);
 	TimestampTz withdrawn_at = 0;
+	int			events = WL_SOCKET_READABLE | (until_woken ? WL_LATCH_SET : 0);
 
 	while (producer->outstanding > 0)
 	{
 		TimestampTz now;
+		int			rc = kafka_link_wait(producer->link, events, REPORT_WAIT_MS);
 
-		if (kafka_link_wait(producer->link, WL_SOCKET_READABLE, REPORT_WAIT_MS) & WL_SOCKET_READABLE)
+		if (rc & WL_SOCKET_READABLE)
 			kafka_link_read_available(producer->link);
+		if ((rc & WL_LATCH_SET) && withdrawn_at == 0 && producer->outstanding > 0)
+			return AWAIT_WOKEN;
 		now = GetCurrentTimestamp();
 
 		/* at shutdown, a batch Kafka has in hand gets a moment to be acknowledged */
@@ -509,12 +514,13 @@ producer_await_deliveries(OutboxProducer *producer)
 		{
 			send_request(producer, WIRE_PURGE, false, 0);
 			withdrawn_at = now;
+			events &= ~WL_LATCH_SET;
 		}
 		else if (withdrawn_at != 0 &&
 				 TimestampDifferenceExceeds(withdrawn_at, now, WITHDRAWN_REPORT_WAIT_MS))
 			break;				/* a request the broker never answers */
 	}
-	return withdrawn_at == 0;
+	return withdrawn_at == 0 ? AWAIT_ALL_REPORTED : AWAIT_WITHDRAWN;
 }
 
 /*

@@ -96,7 +96,9 @@ wait_for_wake(long timeout_ms)
 /*
  * The rate at which transactions commit messages, measured over windows of
  * COMMIT_RATE_WINDOW_MS: above COALESCE_ABOVE_COMMITS_PER_S, a turn per
- * Kafka round trip costs the machine more than the latency it saves.
+ * Kafka round trip costs the machine more than the latency it saves
+ * (coalesce_wakes()); below it, a turn waiting for Kafka claims what commits
+ * meanwhile (pipeline.c's late claims).
  */
 #define COMMIT_RATE_WINDOW_MS 100
 #define COALESCE_ABOVE_COMMITS_PER_S 2000
@@ -118,6 +120,13 @@ measure_commit_rate(TimestampTz now)
 	commits_at_window_began = commits;
 }
 
+/* Do commits come too fast for a turn per Kafka round trip? */
+static bool
+under_load(void)
+{
+	return commits_per_s >= COALESCE_ABOVE_COMMITS_PER_S;
+}
+
 /*
  * Coalesce wakes: if commits woke the worker while its last turn ran and
  * they come faster than COALESCE_ABOVE_COMMITS_PER_S, let more gather for
@@ -131,8 +140,7 @@ static void
 coalesce_wakes(void)
 {
 	measure_commit_rate(GetCurrentTimestamp());
-	if (outbox_max_wake_delay <= 0 || !MyLatch->is_set ||
-		commits_per_s < COALESCE_ABOVE_COMMITS_PER_S)
+	if (outbox_max_wake_delay <= 0 || !MyLatch->is_set || !under_load())
 		return;
 	(void) WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, outbox_max_wake_delay,
 					 PG_WAIT_EXTENSION);
@@ -247,7 +255,7 @@ publish_once(Pipeline *pipeline, long *wait_ms)
 		return false;
 	}
 
-	result = pipeline_turn(pipeline, &next_retry_ms);
+	result = pipeline_turn(pipeline, !under_load(), &next_retry_ms);
 	if (result == TURN_NO_EXTENSION)
 	{
 		leave_without_extension();

@@ -1044,10 +1044,10 @@ record_dead_letters(RecordingStep *dead, RecordedOutcomes *recorded)
 }
 
 /*
- * Record a settled batch: delivered rows go (or stay as 'sent'), failed
- * ones wait for a retry or, when hopeless or out of attempts, move to
- * outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as they are.  Fills
- * in how many went each way.
+ * Record a settled batch, its messages in id order: delivered rows go (or
+ * stay as 'sent'), failed ones wait for a retry or, when hopeless or out of
+ * attempts, move to outbox_dead_letter.  DELIVERY_NOT_SENT rows are left as
+ * they are.  Fills in how many went each way.
  *
  * The deliveries are recorded first, and nothing after them can undo them:
  * the retries and the dead letters run isolated.  A message that cannot be

@@ -1,5 +1,6 @@
 # 10,000 messages over 100 keys, enqueued by concurrent sessions with some
-# transactions rolled back, arrive exactly once and, per key, in id order.
+# transactions rolled back, arrive exactly once and, per key, in id order;
+# so do those of a trickle from 8 sessions, each published as it commits.
 use strict;
 use warnings;
 
@@ -81,6 +82,30 @@ diag(sprintf('backlog of 10,000 messages (1,000 keys): enqueued in %.2f s, drain
 		$committed_at - $t0, $backlog_s, 10000 / $backlog_s));
 is(scalar(@{ consume_topics(topics => [$backlog_topic], expect => 10000, timeout => 120) }), 10000,
 	'all of it is in Kafka');
+
+# A trickle from 8 sessions, each commit published at once: a turn that
+# waits for Kafka's acknowledgement claims what commits meanwhile into its
+# batch and produces it behind the rest.  Without outbox.sent_retention the
+# delivered rows are deleted, one run of ids at a time, whatever order a
+# batch's messages were produced in.
+$node->append_conf('postgresql.conf', 'outbox.sent_retention = 0');
+$node->reload;
+my $trickle_topic = unique_topic('trickle');
+kafka_admin('create-topic', $trickle_topic, '--partitions', 3);
+finish_load(start_load($node, topics => [$trickle_topic], rate => 400, duration => 5));
+ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$trickle_topic'", '0', 60),
+	'a trickle: every row delivered and deleted');
+%committed = map { my ($mid, $key, $id) = split /\|/; ($mid => [ $key, $id ]) }
+  split /\n/, $node->safe_psql('postgres',
+	"SELECT message_id, key, id FROM fault_log WHERE topic = '$trickle_topic'");
+$result = check_delivery(consume_topics(topics => [$trickle_topic], idle => 3, timeout => 60), \%committed);
+diag(sprintf('a trickle: %d committed; lost %d, phantom %d, duplicates %d, order faults %d',
+		scalar(keys %committed), @$result{qw(lost phantom duplicates order_faults)}));
+cmp_ok(scalar(keys %committed), '>', 1000, 'a trickle: its messages were committed');
+is($result->{lost}, 0, 'a trickle: nothing lost');
+is($result->{phantom}, 0, 'a trickle: nothing rolled back is published');
+is($result->{duplicates}, 0, 'a trickle: nothing published twice');
+is($result->{order_faults}, 0, 'a trickle: per key, in id order');
 
 $node->stop('fast');
 done_testing();
