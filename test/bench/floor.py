@@ -1,10 +1,15 @@
 #!/usr/bin/python3
-# B3's floor: messages produced straight to Kafka at a steady rate, with no
-# database in the way, carrying their send time as B3's payloads carry their
-# enqueue time.  What bench.py's consumer measures on them is what the broker
-# and the consumer alone cost on this machine: no peer can do better.
+# B3's floor: messages produced straight to Kafka, with no database in the
+# way, carrying their send time as B3's payloads carry their enqueue time.
+# What bench.py's consumer measures on them is what the broker and the
+# consumer alone cost on this machine: no peer can do better.  They come as
+# B3's load comes from pgbench -R: transactions of --per-transaction
+# messages, at random times (a Poisson process, as pgbench's schedule; its 4
+# clients together make one), not one message every 1/rate s, whose even
+# pace would spare the broker the small bursts the peers meet.
 #
-#   floor.py --brokers B --topic T --rate MSG_PER_S --seconds S [--burst N --burst-topic T2]
+#   floor.py --brokers B --topic T --rate MSG_PER_S --seconds S [--per-transaction N]
+#            [--burst N --burst-topic T2]
 #
 # With --burst, N messages are first produced to T2 as fast as the producer
 # goes, and flushed: the load then meets the broker as B3's after a burst
@@ -38,6 +43,7 @@ def main():
     parser.add_argument("--topic", required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--per-transaction", type=int, default=1)
     parser.add_argument("--burst", type=int, default=0)
     parser.add_argument("--burst-topic")
     args = parser.parse_args()
@@ -48,11 +54,15 @@ def main():
     producer = Producer({"bootstrap.servers": args.brokers, "enable.idempotence": True,
                          "acks": "all", "linger.ms": 1})
     burst(producer, args.burst_topic, args.burst)
-    begin = time.monotonic()
-    for i in range(int(args.rate * args.seconds)):
-        time.sleep(max(0.0, begin + i / args.rate - time.monotonic()))
-        payload = {"t": round(time.time() * 1000, 3), "pad": "x" * 170}
-        producer.produce(args.topic, json.dumps(payload), "key-%d" % random.randrange(1000))
+    transactions_per_s = args.rate / args.per_transaction
+    due = time.monotonic()
+    for _ in range(int(transactions_per_s * args.seconds)):
+        due += random.expovariate(transactions_per_s)
+        time.sleep(max(0.0, due - time.monotonic()))
+        first_key = random.randrange(1000)
+        for g in range(args.per_transaction):
+            payload = {"t": round(time.time() * 1000, 3), "pad": "x" * 170}
+            producer.produce(args.topic, json.dumps(payload), "key-%d" % ((first_key + g) % 1000))
         producer.poll(0)
     producer.flush()
 
