@@ -589,12 +589,12 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension, bool late_claims)
 	healthy = produce_alone_refused_with_others(p->producer, batch, healthy);
 	settled_at = GetCurrentTimestamp();	/* every report of the batch is in */
 	hold_back_behind_failures(batch);
-	put_in_id_order(batch);
 	if (!healthy || producer_failed_fatally(p->producer))
 	{
 		producer_destroy(p->producer);
 		p->producer = NULL;
 	}
+	put_in_id_order(batch);		/* the producer has let go of the messages */
 	if (batch->extension == extension)
 		record_outcomes(p, batch, settled_at);
 	batch->state = BATCH_SETTLED;
