@@ -568,7 +568,8 @@ await_claiming_late(Pipeline *p, Batch *batch, bool late_claims)
 			return awaited == AWAIT_ALL_REPORTED;
 		/* reset before the claim's snapshot: a commit after it wakes again */
 		ResetLatch(MyLatch);
-		claim_late(p, batch);
+		if (may_claim_late(p, batch))	/* not woken by a SIGTERM */
+			claim_late(p, batch);
 	}
 }
 
