@@ -97,14 +97,8 @@ sub kill_primary
 	my ($node, $scenario) = @_;
 	my ($pid) = slurp_file($node->data_dir . '/postmaster.pid') =~ /^(\d+)/;
 	kill 'STOP', $pid or die "cannot stop the postmaster: $!";
-	my @children;
-	for my $stat (glob('/proc/[0-9]*/stat'))
-	{
-		# a process may be gone by now; "pid (comm) state ppid ..."
-		open(my $fh, '<', $stat) or next;
-		my ($child, $ppid) = (<$fh> // '') =~ /^(\d+) \(.*\) \S+ (\d+)/s;
-		push @children, $child if defined $ppid && $ppid == $pid;
-	}
+	my @children = grep { (process_state($_))[1] == $pid }
+	  map { m{^/proc/(\d+)$} ? $1 : () } glob('/proc/[0-9]*');
 	kill 'STOP', @children;
 	kill 'KILL', $pid, @children or die "cannot kill the postmaster: $!";
 	$node->{_pid} = undef;		# the framework's record of the killed postmaster
@@ -114,12 +108,20 @@ sub kill_primary
 		"$scenario: the primary and every process it started are gone");
 }
 
+# A process's state and parent, from /proc; (undef, 0) once it is gone.
+sub process_state
+{
+	my ($pid) = @_;
+	open(my $fh, '<', "/proc/$pid/stat") or return (undef, 0);
+	# "pid (comm) state ppid ...": comm may hold spaces and parentheses
+	my ($state, $ppid) = (<$fh> // '') =~ /^\d+ \(.*\) (\S+) (\d+)/s;
+	return ($state, $ppid // 0);
+}
+
 # A process that exists and is not a zombie.
 sub process_alive
 {
-	my ($pid) = @_;
-	open(my $fh, '<', "/proc/$pid/stat") or return 0;
-	my ($state) = (<$fh> // '') =~ /\) (\S+) /s;
+	my ($state) = process_state(@_);
 	return defined $state && $state ne 'Z';
 }
 
