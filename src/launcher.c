@@ -185,9 +185,10 @@ install_sigterm_handler(void)
 /*
  * Register a dynamic background worker of the extension, whose postmaster
  * tells this process when it starts and stops.  Returns its handle, or
- * NULL if no background worker slot is free.
+ * NULL if no background worker slot is free.  The launcher starts its
+ * probes, publishers and inbox workers so; a publisher its reclaimers.
  */
-static BackgroundWorkerHandle *
+BackgroundWorkerHandle *
 start_worker(const char *function_name, const char *type, const char *name,
 			 Datum main_arg, uint32 extra)
 {
@@ -216,7 +217,7 @@ start_worker(const char *function_name, const char *type, const char *name,
 }
 
 /* Has this worker gone (or never started)? */
-static bool
+bool
 worker_gone(BackgroundWorkerHandle *handle)
 {
 	pid_t		pid;

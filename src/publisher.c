@@ -84,7 +84,12 @@ static const struct
 	{"jit", "off"},
 };
 
+/* The reclaimer's bgw_type, and the longest pause between two. */
+#define RECLAIMER_TYPE "outbox reclaimer"
+#define RECLAIMER_RETRY_MAX_MS 10000
+
 extern PGDLLEXPORT void outbox_publisher_main(Datum main_arg);
+extern PGDLLEXPORT void outbox_reclaimer_main(Datum main_arg);
 
 static void
 wait_for_wake(long timeout_ms)
@@ -159,7 +164,7 @@ coalesce_wakes(void)
  * and how its transactions run (worker_session.c).
  */
 static void
-connect_to_database(Oid database)
+connect_to_database(Oid database, const char *appname)
 {
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
 	worker_pin_session_settings();
@@ -167,14 +172,64 @@ connect_to_database(Oid database)
 	for (int i = 0; i < (int) lengthof(worker_planning); i++)
 		SetConfigOption(worker_planning[i].name, worker_planning[i].value,
 						PGC_SUSET, PGC_S_OVERRIDE);
-	pgstat_report_appname("outbox worker");
+	pgstat_report_appname(appname);
 }
 
-/* When the drained segments are next to be truncated. */
+/* When the drained segments are next looked at. */
 static TimestampTz reclaim_at = 0;
 
 /*
- * Truncate the drained segments, between two turns, when due; lower
+ * The reclaimer last started, until it is seen gone; and how long to wait
+ * before the next, which doubles, up to RECLAIMER_RETRY_MAX_MS, each time
+ * one leaves a segment that may not go yet (not drained; under
+ * outbox.sent_retention, sent too recently), so that such a segment costs
+ * a process every few seconds, not every second.
+ */
+static BackgroundWorkerHandle *reclaimer = NULL;
+static long reclaimer_retry_ms = RECLAIM_RETRY_MS;
+static bool warned_no_reclaimer = false;
+
+/*
+ * Have the drained segments truncated by a reclaimer, a process of its own
+ * (outbox_reclaimer_main()), or by this worker if no background worker
+ * slot is free.  A drained segment's first look reads every page it holds
+ * and its truncation gives back its files, both in proportion to what it
+ * held: tens of milliseconds for a segment of a few hundred thousand rows,
+ * in which this worker would publish nothing.  Returns how long until the
+ * segments are to be looked at again.
+ */
+static long
+reclaim_segments(void)
+{
+	bool		one_ran = reclaimer != NULL;
+	long		turn_ends_ms;
+
+	if (reclaimer != NULL && !worker_gone(reclaimer))
+		return RECLAIM_RETRY_MS;
+	if (reclaimer != NULL)
+		pfree(reclaimer);
+	reclaimer = NULL;
+	if (!segments_to_reclaim(&turn_ends_ms))
+	{
+		reclaimer_retry_ms = RECLAIM_RETRY_MS;
+		return turn_ends_ms;
+	}
+	if (one_ran)
+		reclaimer_retry_ms = Min(reclaimer_retry_ms * 2, RECLAIMER_RETRY_MAX_MS);
+	reclaimer = start_worker("outbox_reclaimer_main", RECLAIMER_TYPE, psprintf("of database %u", my_database),
+							 ObjectIdGetDatum(my_database), 0);
+	if (reclaimer != NULL)
+		return reclaimer_retry_ms;
+	if (!warned_no_reclaimer)
+		ereport(LOG,
+				(errmsg("outbox worker: no background worker slot is free for a reclaimer: this worker truncates its drained segments itself, and publishes nothing meanwhile"),
+				 errhint("Raise max_worker_processes.")));
+	warned_no_reclaimer = true;
+	return segments_reclaim(false);
+}
+
+/*
+ * Have the drained segments truncated, between two turns, when due; lower
  * *wait_ms to the time until it is due again.
  */
 static void
@@ -185,7 +240,7 @@ reclaim_segments_when_due(long *wait_ms)
 
 	if (now >= reclaim_at)
 	{
-		long		next_ms = segments_reclaim();
+		long		next_ms = reclaim_segments();
 
 		MemoryContextSwitchTo(loop_context);
 		reclaim_at = TimestampTzPlusMilliseconds(now, next_ms);
@@ -307,7 +362,7 @@ outbox_publisher_main(Datum main_arg)
 	my_slot = DatumGetInt32(main_arg);
 	my_database = database;
 	metrics_attach(my_slot, database);
-	connect_to_database(database);
+	connect_to_database(database, "outbox worker");
 	PG_TRY();
 	{
 		publish_until_stopped(database);
@@ -352,4 +407,20 @@ publish_until_stopped(Oid database)
 	}
 
 	pipeline_finish(pipeline);
+}
+
+/*
+ * The reclaimer: connect to the database in main_arg as its publisher
+ * does, truncate the drained segments (segments_reclaim()), and exit.  The
+ * segment's lock, which the publisher's claims wait for, is held for the
+ * look under it and the TRUNCATE only; the first looks and the removal of
+ * the files, the slow parts, take no lock that the publisher meets.
+ */
+void
+outbox_reclaimer_main(Datum main_arg)
+{
+	BackgroundWorkerUnblockSignals();
+	connect_to_database(DatumGetObjectId(main_arg), RECLAIMER_TYPE);
+	(void) segments_reclaim(true);
+	proc_exit(0);
 }

@@ -15,7 +15,11 @@
 /* As many as the install script makes: outbox_message_0 to _3. */
 #define OUTBOX_SEGMENTS 4
 
+/* How soon to try again a segment not yet drained, or not lockable. */
+#define RECLAIM_RETRY_MS 1000
+
 extern int	segment_at(TimestampTz t);
-extern long segments_reclaim(void);
+extern bool segments_to_reclaim(long *turn_ends_ms);
+extern long segments_reclaim(bool in_reclaimer);
 
 #endif							/* OUTBOX_SEGMENT_H */

@@ -189,8 +189,14 @@ B3_RATES = {1000: 1, 10000: 10}
 # B3 after a burst: the size's "b3_burst" messages enqueued at once, and as
 # soon as Kafka holds them all, B3's 1,000 msg/s load, whose latencies are
 # counted from its first message for B3_AFTER_BURST seconds (the drained
-# segments truncated, the outbox's autovacuum, meanwhile).
+# segments truncated, the outbox's autovacuum, meanwhile).  B3_BURST_ROUNDS
+# rounds, ours and Kafka's floor in turn, compared by their median p99:
+# after a burst this machine's disk stalls now and then, for up to half a
+# second, ours and the floor alike (both 0.4 s in the first half second in
+# one run, neither in the next), which one round each would count against
+# whichever it fell on.
 B3_AFTER_BURST = 10
+B3_BURST_ROUNDS = 3
 # B3BG: B3's rates, ours, the tuned poller's and the floor's, while the
 # database does other work.  A second pgbench updates random rows of
 # bg_account (schema.sql; "rows" of them, filled at the part's start) at
@@ -1388,12 +1394,12 @@ class Bench:
         self.clean()
         return result
 
-    def floor_run(self, rate, part="B3", background=contextlib.nullcontext, burst=0):
+    def floor_run(self, rate, part="B3", background=contextlib.nullcontext, burst=0, burst_round=0):
         """The same consumer on messages produced straight to Kafka (floor.py);
-        background as latency_run's.  With a burst, B3's after a burst:
-        that many messages produced first, and the load's first
-        B3_AFTER_BURST seconds counted."""
-        topic = f"bench.{part.lower()}.floor.{rate}" + (".burst" if burst else "")
+        background as latency_run's.  With a burst, B3's after a burst (its
+        round burst_round): that many messages produced first, and the
+        load's first B3_AFTER_BURST seconds counted."""
+        topic = f"bench.{part.lower()}.floor.{rate}" + (f".burst.{burst_round}" if burst else "")
         seconds = B3_AFTER_BURST if burst else self.size["b3_seconds"] + WARMUP
         consumer = LatencyConsumer(self.kafka, topic)
         consumer.start()
@@ -1402,7 +1408,8 @@ class Bench:
             subprocess.run([PYTHON, os.path.join(HERE, "floor.py"), "--brokers", self.args.brokers,
                             "--topic", topic, "--rate", str(rate), "--seconds", str(seconds),
                             "--per-transaction", str(B3_RATES[rate]),
-                            "--burst", str(burst), "--burst-topic", "bench.b3.floor.burst"], check=True)
+                            "--burst", str(burst), "--burst-topic", f"bench.b3.floor.burst.{burst_round}"],
+                           check=True)
             wait_until(f"{part} floor at {rate}/s: every message consumed",
                        lambda: len(consumer.samples) >= int(rate * seconds), 30)
         consumer.stop()
@@ -1422,21 +1429,40 @@ class Bench:
         self.results["b3"] = {rate: {peer: self.latency_run(peer, rate) for peer in PEERS}
                               for rate in B3_RATES}
         self.results["floor"] = {rate: self.floor_run(rate) for rate in B3_RATES}
-        self.results["b3_burst"] = self.b3_after_burst()
+        self.results["b3_burst"] = self.b3_after_bursts()
 
-    def b3_after_burst(self):
-        """B3's load at 1,000 msg/s, ours, started once a burst is in Kafka."""
-        n, topic = self.size["b3_burst"], "bench.b3.burst"
+    def b3_after_bursts(self):
+        """B3_BURST_ROUNDS rounds of B3 after a burst, ours then the floor's:
+        the round of median p99 of each, with every round's p99."""
+        n = self.size["b3_burst"]
+        ours, floors = [], []
+        for r in range(B3_BURST_ROUNDS):
+            ours.append(self.b3_after_burst(r))
+            floors.append(self.floor_run(1000, burst=n, burst_round=r))
+        median = lambda runs: sorted(runs, key=lambda run: run["p99"])[len(runs) // 2]
+        return {**median(ours), "p99s": [run["p99"] for run in ours],
+                "floor": {**median(floors), "p99s": [run["p99"] for run in floors]}}
+
+    def b3_after_burst(self, burst_round):
+        """B3's load at 1,000 msg/s, ours, started once a burst is in Kafka.
+        The load's topic has had a message first, before the burst: an
+        application's topics are ones the worker publishes to, and the first
+        message to a topic waits for the producer to look up its partitions
+        (0.2 s here), which is not what this part measures.  floor.py does
+        the same for its own topic."""
+        n = self.size["b3_burst"]
+        topic, load_topic = f"bench.b3.burst.{burst_round}", f"bench.b3.burst.1000.{burst_round}"
+        self.db.run(enqueue_sql("ours", load_topic, B3_PAYLOAD, "'first'", "generate_series(1, 1)"))
+        wait_until(f"B3 burst: a first message in {load_topic}", lambda: self.kafka.count(load_topic) > 0, 30, 0.02)
         begin = time.monotonic()
         self.enqueue_numbered("ours", topic, n)
         wait_until(f"B3 burst: {n:,} messages in Kafka", lambda: self.kafka.count(topic) >= n, 300, 0.02)
         progress(f"B3 burst: {n:,} messages enqueued and in Kafka in {time.monotonic() - begin:.1f} s")
         result, = self.latency_loads("B3 ours at 1000/s after a burst",
-                                     [(self.db, "ours", "bench.b3.burst.1000", 1000, 1)],
+                                     [(self.db, "ours", load_topic, 1000, 1)],
                                      B3_AFTER_BURST, warmup=0)
         progress("B3 ours at 1000/s after a burst: " + latency_summary(result))
         self.clean()
-        result["floor"] = self.floor_run(1000, burst=n)
         return result
 
     # B3BG --------------------------------------------------------------------
@@ -2274,10 +2300,14 @@ class Bench:
             over = b3[1000]["ours"]["p99"] - floor["p99"]
             rows.append(("B3 1k msg/s, p99 over Kafka's floor, ms", f"{over:+.1f}", "", "", "", "<= 5"))
         if burst:
+            rounds = lambda run: ", ".join(f"{p99:.1f}" for p99 in run["p99s"])
             rows.append((f"B3 1k msg/s, first {B3_AFTER_BURST} s after a burst of {self.size['b3_burst']:,},"
-                         " p50 / p99 / max ms", "%(p50).1f / %(p99).1f / %(max).1f" % burst, "", "", "", ""))
+                         f" p50 / p99 / max ms (round of median p99)",
+                         "%(p50).1f / %(p99).1f / %(max).1f" % burst, "", "", "", ""))
             rows.append(("B3 the same, Kafka's floor after its own burst, p50 / p99 / max ms",
                          "%(p50).1f / %(p99).1f / %(max).1f" % burst["floor"], "", "", "", ""))
+            rows.append((f"B3 the same, p99 of each of {B3_BURST_ROUNDS} rounds, ours; floor",
+                         f"{rounds(burst)}; {rounds(burst['floor'])}", "", "", "", ""))
             rows.append(("B3 the same, p99 over Kafka's floor, ms", f"{burst['p99'] - burst['floor']['p99']:+.1f}",
                          "", "", "", "<= 5"))
         if len(rows) > 1:
@@ -2560,8 +2590,9 @@ def main():
     bench.kafka.create_topics(["crm.sync", "coupon.welcome"] + B1D_TOPICS
                               + [f"bench.b2.{p}" for p in PEERS]
                               + [f"bench.b3.{p}.{r}" for p in PEERS + ("floor",) for r in B3_RATES]
-                              + ["bench.b3.warmup", "bench.b3.burst", "bench.b3.burst.1000", "bench.b3.floor.burst",
-                                 "bench.b3.floor.1000.burst"]
+                              + ["bench.b3.warmup"]
+                              + [f"bench.b3.{t}.{r}" for t in ("burst", "burst.1000", "floor.burst", "floor.1000.burst")
+                                 for r in range(B3_BURST_ROUNDS)]
                               + [f"bench.b3bg.{p}.{r}" for p in B3BG_PEERS + ("floor",) for r in B3_RATES]
                               + ["bench.b4.ours"] + [f"bench.b5.{p}" for p in B5_PEERS]
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]

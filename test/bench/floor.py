@@ -53,6 +53,10 @@ def main():
     # more than it saves.
     producer = Producer({"bootstrap.servers": args.brokers, "enable.idempotence": True,
                          "acks": "all", "linger.ms": 1})
+    # Its partitions looked up first, as a producer in service knows the
+    # topics it writes to: else the first messages wait for the look-up
+    # (up to a second here, after a burst).
+    producer.list_topics(args.topic, timeout=10)
     burst(producer, args.burst_topic, args.burst)
     transactions_per_s = args.rate / args.per_transaction
     due = time.monotonic()
