@@ -1325,18 +1325,21 @@ class Bench:
 
     # B3 ----------------------------------------------------------------------
 
-    def latency_loads(self, what, loads, seconds, warmup=WARMUP):
+    def latency_loads(self, what, loads, seconds, warmup=WARMUP, consumers=None):
         """Loads offered together by pgbench -R for warmup + seconds, each a
         (Database, peer, topic, msg/s, messages per transaction) enqueueing
         latency_script() into its database, read from its topic's end by a
-        consumer of its own; then up to the grace for their messages.  Per
+        consumer of its own (or, given, started earlier, one per load, so
+        that with no warm-up the consumer's own start is not counted); then
+        up to the grace for their messages.  Per
         load: msg/s committed and delivered, whether its database kept up,
         and the latencies of the messages enqueued after the warm-up
         ("latencies", and their percentiles); "consumer", whose latencies()
         cuts them by other windows, and "from", the warm-up's end, epoch ms."""
-        consumers = [LatencyConsumer(self.kafka, topic) for _, _, topic, _, _ in loads]
-        for consumer in consumers:
-            consumer.start()
+        if consumers is None:
+            consumers = [LatencyConsumer(self.kafka, topic) for _, _, topic, _, _ in loads]
+            for consumer in consumers:
+                consumer.start()
         begin, began = time.time() * 1000, time.monotonic()
         running = [self.pgbench(latency_script(peer, topic, per_transaction), seconds + warmup,
                                 rate=rate // per_transaction, background=True, dsn=db.dsn)
@@ -1449,18 +1452,22 @@ class Bench:
         application's topics are ones the worker publishes to, and the first
         message to a topic waits for the producer to look up its partitions
         (0.2 s here), which is not what this part measures.  floor.py does
-        the same for its own topic."""
+        the same for its own topic.  And the consumer starts before the
+        burst, as the floor's does: a consumer's first fetches, in the
+        load's first second, would count against ours alone."""
         n = self.size["b3_burst"]
         topic, load_topic = f"bench.b3.burst.{burst_round}", f"bench.b3.burst.1000.{burst_round}"
         self.db.run(enqueue_sql("ours", load_topic, B3_PAYLOAD, "'first'", "generate_series(1, 1)"))
         wait_until(f"B3 burst: a first message in {load_topic}", lambda: self.kafka.count(load_topic) > 0, 30, 0.02)
+        consumer = LatencyConsumer(self.kafka, load_topic)
+        consumer.start()
         begin = time.monotonic()
         self.enqueue_numbered("ours", topic, n)
         wait_until(f"B3 burst: {n:,} messages in Kafka", lambda: self.kafka.count(topic) >= n, 300, 0.02)
         progress(f"B3 burst: {n:,} messages enqueued and in Kafka in {time.monotonic() - begin:.1f} s")
         result, = self.latency_loads("B3 ours at 1000/s after a burst",
                                      [(self.db, "ours", load_topic, 1000, 1)],
-                                     B3_AFTER_BURST, warmup=0)
+                                     B3_AFTER_BURST, warmup=0, consumers=[consumer])
         progress("B3 ours at 1000/s after a burst: " + latency_summary(result))
         self.clean()
         return result
