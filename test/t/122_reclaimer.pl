@@ -50,16 +50,26 @@ sub truncations_known
 	return $by;
 }
 
+# Run an enqueueing SELECT ... count(...) statement; returns the segment its
+# rows went to, named in the same statement (outbox_segment() names the
+# segment of the statement's start), before the worker can deliver them.
+sub enqueue_into_segment
+{
+	my ($node, $select) = @_;
+	$select =~ s/^\s*SELECT /SELECT 'outbox_message_' || outbox_segment(), /;
+	my ($segment, $count) = split /\|/, $node->safe_psql('postgres', $select);
+	return $segment;
+}
+
 my $node = outbox_node('reclaimer', conf => "log_min_messages = debug1");
 my $topic = unique_topic('reclaimer');
 kafka_admin('create-topic', $topic);
 
 my $offset = -s $node->logfile;
-$node->safe_psql('postgres', qq{
+# the segment the rows go to is the one of their statement's start
+my $big = enqueue_into_segment($node, qq{
 	SELECT count(outbox_enqueue('$topic', jsonb_build_object('n', i, 'pad', repeat('x', 150)), 'k' || (i % 50)))
 	  FROM generate_series(1, 40000) i});
-my $big = $node->safe_psql('postgres',
-	"SELECT DISTINCT 'outbox_message_' || segment FROM outbox_message WHERE topic = '$topic'");
 ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$topic'", '0', 120),
 	'40,000 messages delivered');
 ok(wait_for_query($node, "SELECT pg_relation_size('$big') = 0", 't', 60),
@@ -109,11 +119,9 @@ ok(wait_for_query($full, 'SELECT state FROM outbox_worker', 'idle', 60), 'the pu
 $offset = -s $full->logfile;
 my $full_topic = unique_topic('reclaimer.full');
 kafka_admin('create-topic', $full_topic);
-$full->safe_psql('postgres', qq{
+my $full_segment = enqueue_into_segment($full, qq{
 	SELECT count(outbox_enqueue('$full_topic', jsonb_build_object('n', i), 'k' || (i % 50)))
 	  FROM generate_series(1, 5000) i});
-my ($full_segment) = $full->safe_psql('postgres',
-	"SELECT DISTINCT 'outbox_message_' || segment FROM outbox_message WHERE topic = '$full_topic'");
 ok(wait_for_query($full, "SELECT count(*) FROM outbox_message", '0', 60), '5,000 messages delivered');
 ok(wait_for_query($full, "SELECT pg_relation_size('$full_segment') = 0", 't', 60),
 	"$full_segment is truncated");
