@@ -191,8 +191,8 @@ B3_RATES = {1000: 1, 10000: 10}
 # counted from its first message for B3_AFTER_BURST seconds (the drained
 # segments truncated, the outbox's autovacuum, meanwhile).  B3_BURST_ROUNDS
 # rounds, ours and Kafka's floor in turn, compared by their median p99:
-# after a burst this machine's disk stalls now and then, for up to half a
-# second, ours and the floor alike (both 0.4 s in the first half second in
+# after a burst this machine (its disk or the broker) stalls now and then,
+# for up to half a second, ours and the floor alike (both 0.4 s in the first half second in
 # one run, neither in the next), which one round each would count against
 # whichever it fell on.
 B3_AFTER_BURST = 10
@@ -2309,7 +2309,7 @@ class Bench:
         if burst:
             rounds = lambda run: ", ".join(f"{p99:.1f}" for p99 in run["p99s"])
             rows.append((f"B3 1k msg/s, first {B3_AFTER_BURST} s after a burst of {self.size['b3_burst']:,},"
-                         f" p50 / p99 / max ms (round of median p99)",
+                         " p50 / p99 / max ms (round of median p99)",
                          "%(p50).1f / %(p99).1f / %(max).1f" % burst, "", "", "", ""))
             rows.append(("B3 the same, Kafka's floor after its own burst, p50 / p99 / max ms",
                          "%(p50).1f / %(p99).1f / %(max).1f" % burst["floor"], "", "", "", ""))
