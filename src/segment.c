@@ -303,8 +303,9 @@ segments_to_reclaim(long *turn_ends_ms)
 }
 
 /*
- * Truncate every drained segment but the current one: a first look at
- * each, then each that looked drained under its lock, in a transaction of
+ * Truncate every drained segment but the current one: in a reclaimer, a
+ * first look at each, then each that looked drained under its lock (in the
+ * publisher, each under its lock at once), in a transaction of
  * its own, so that each lock is held for moments only (and given up before
  * the commit removes the segment's files, the slowest part).  Returns how
  * long until there may be a segment to truncate: one not drained is tried
@@ -321,7 +322,8 @@ segments_reclaim(bool in_reclaimer)
 
 	if (holding == 0)
 		return next_ms;
-	drained = reclaim_in_transaction(holding, looks_drained);
+	/* in the publisher, a first look would only be a second scan */
+	drained = in_reclaimer ? reclaim_in_transaction(holding, looks_drained) : holding;
 	patient = in_reclaimer;
 	for (int s = 0; s < OUTBOX_SEGMENTS; s++)
 	{
