@@ -45,6 +45,7 @@
 #include "pipeline.h"
 #include "segment.h"
 #include "settings.h"
+#include "store.h"
 #include "worker_session.h"
 #include "worker_slot.h"
 
@@ -175,8 +176,12 @@ connect_to_database(Oid database, const char *appname)
 	pgstat_report_appname(appname);
 }
 
-/* When the drained segments are next looked at. */
+/*
+ * When the drained segments are next looked at; when the rows the claims
+ * passed are next looked for (store.c, "The claim floor").
+ */
 static TimestampTz reclaim_at = 0;
+static TimestampTz passed_rows_look_at = 0;
 
 /*
  * The reclaimer last started, until it is seen gone; and how long to wait
@@ -190,62 +195,97 @@ static long reclaimer_retry_ms = RECLAIM_RETRY_MS;
 static bool warned_no_reclaimer = false;
 
 /*
- * Have the drained segments truncated by a reclaimer, a process of its own
- * (outbox_reclaimer_main()), or by this worker if no background worker
- * slot is free.  A drained segment's first look reads every page it holds
- * and its truncation gives back its files, both in proportion to what it
- * held: tens of milliseconds for a segment of a few hundred thousand rows,
- * in which this worker would publish nothing.  Returns how long until the
- * segments are to be looked at again.
+ * The rows the claims passed are looked for (or, from_left_edge, the next
+ * claim will): next in outbox.poll_interval, when the time until the next
+ * retry is asked again too (store_rescan()).
  */
-static long
-reclaim_segments(void)
+static void
+passed_rows_looked_for(TimestampTz now, bool from_left_edge)
 {
-	bool		one_ran = reclaimer != NULL;
-	long		turn_ends_ms;
-
-	if (reclaimer != NULL && !worker_gone(reclaimer))
-		return RECLAIM_RETRY_MS;
-	if (reclaimer != NULL)
-		pfree(reclaimer);
-	reclaimer = NULL;
-	if (!segments_to_reclaim(&turn_ends_ms))
-	{
-		reclaimer_retry_ms = RECLAIM_RETRY_MS;
-		return turn_ends_ms;
-	}
-	if (one_ran)
-		reclaimer_retry_ms = Min(reclaimer_retry_ms * 2, RECLAIMER_RETRY_MAX_MS);
-	reclaimer = start_worker("outbox_reclaimer_main", RECLAIMER_TYPE, psprintf("of database %u", my_database),
-							 ObjectIdGetDatum(my_database), 0);
-	if (reclaimer != NULL)
-		return reclaimer_retry_ms;
-	if (!warned_no_reclaimer)
-		ereport(LOG,
-				(errmsg("outbox worker: no background worker slot is free for a reclaimer: this worker truncates its drained segments itself, and publishes nothing meanwhile"),
-				 errhint("Raise max_worker_processes.")));
-	warned_no_reclaimer = true;
-	return segments_reclaim(false);
+	store_rescan(from_left_edge);
+	passed_rows_look_at = TimestampTzPlusMilliseconds(now, outbox_poll_interval);
 }
 
 /*
- * Have the drained segments truncated, between two turns, when due; lower
- * *wait_ms to the time until it is due again.
+ * Have the drained segments truncated and, with look_due, the rows the
+ * claims passed looked for: by a reclaimer, a process of its own
+ * (outbox_reclaimer_main()), which does both, or by this worker if no
+ * background worker slot is free.  A drained segment's first look reads
+ * every page it holds, its truncation gives back its files, and the look
+ * for passed rows walks the index entries of the rows deleted since VACUUM
+ * last ran: each in proportion to what the outbox held, tens of
+ * milliseconds after a burst of a few hundred thousand rows, in which this
+ * worker would publish nothing.  Segments that hold no block hold no row to
+ * look for.  Returns how long until the segments are to be looked at again.
+ */
+static long
+reclaim_segments(TimestampTz now, bool look_due)
+{
+	bool		one_ran = reclaimer != NULL;
+	long		turn_ends_ms;
+	bool		any_holds;
+	bool		to_reclaim;
+
+	if (reclaimer != NULL && !worker_gone(reclaimer))
+	{
+		/* it may have looked before the look was due: another, once it is gone */
+		if (look_due)
+			passed_rows_look_at = TimestampTzPlusMilliseconds(now, RECLAIM_RETRY_MS);
+		return RECLAIM_RETRY_MS;
+	}
+	if (reclaimer != NULL)
+		pfree(reclaimer);
+	reclaimer = NULL;
+	to_reclaim = segments_to_reclaim(&turn_ends_ms, &any_holds);
+	if (!to_reclaim)
+		reclaimer_retry_ms = RECLAIM_RETRY_MS;
+	else if (one_ran)
+		reclaimer_retry_ms = Min(reclaimer_retry_ms * 2, RECLAIMER_RETRY_MAX_MS);
+	if (look_due && !any_holds)
+	{
+		passed_rows_looked_for(now, false);
+		look_due = false;
+	}
+	if (!to_reclaim && !look_due)
+		return turn_ends_ms;
+
+	reclaimer = start_worker("outbox_reclaimer_main", RECLAIMER_TYPE, psprintf("of database %u", my_database),
+							 ObjectIdGetDatum(my_database), 0);
+	if (reclaimer != NULL)
+	{
+		passed_rows_looked_for(now, false); /* every reclaimer looks */
+		return to_reclaim ? reclaimer_retry_ms : turn_ends_ms;
+	}
+	if (!warned_no_reclaimer)
+		ereport(LOG,
+				(errmsg("outbox worker: no background worker slot is free for a reclaimer: this worker truncates its drained segments, and looks for the messages its claims passed, itself, and publishes nothing meanwhile"),
+				 errhint("Raise max_worker_processes.")));
+	warned_no_reclaimer = true;
+	if (look_due)
+		passed_rows_looked_for(now, true);
+	return to_reclaim ? segments_reclaim(false) : turn_ends_ms;
+}
+
+/*
+ * Between two turns: have the drained segments truncated when due, and the
+ * rows the claims passed looked for every outbox.poll_interval; lower
+ * *wait_ms to the time until either is due again.
  */
 static void
 reclaim_segments_when_due(long *wait_ms)
 {
 	MemoryContext loop_context = CurrentMemoryContext;
 	TimestampTz now = GetCurrentTimestamp();
+	bool		look_due = now >= passed_rows_look_at;
 
-	if (now >= reclaim_at)
+	if (now >= reclaim_at || look_due)
 	{
-		long		next_ms = reclaim_segments();
+		long		next_ms = reclaim_segments(now, look_due);
 
 		MemoryContextSwitchTo(loop_context);
 		reclaim_at = TimestampTzPlusMilliseconds(now, next_ms);
 	}
-	*wait_ms = Min(*wait_ms, TimestampDifferenceMilliseconds(now, reclaim_at));
+	*wait_ms = Min(*wait_ms, TimestampDifferenceMilliseconds(now, Min(reclaim_at, passed_rows_look_at)));
 }
 
 /* When the database is next looked at for inbox subscriptions. */
@@ -387,6 +427,7 @@ publish_until_stopped(Oid database)
 	if (inbox_subscriptions_exist())
 		inbox_want_worker(database);
 	inbox_look_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_LOOK_INTERVAL_MS);
+	passed_rows_looked_for(GetCurrentTimestamp(), true);	/* the first claim does */
 
 	pipeline = pipeline_create();
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox publisher loop",
@@ -411,7 +452,8 @@ publish_until_stopped(Oid database)
 
 /*
  * The reclaimer: connect to the database in main_arg as its publisher
- * does, truncate the drained segments (segments_reclaim()), and exit.  The
+ * does, look for the rows the publisher's claims passed, truncate the
+ * drained segments (segments_reclaim()), and exit.  The
  * segment's lock, which the publisher's claims wait for, is held for the
  * look under it and the TRUNCATE only; the first looks and the removal of
  * the files, the slow parts, take no lock that the publisher meets.

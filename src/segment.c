@@ -247,21 +247,39 @@ truncate_if_drained(Oid segment, const char *qualified_name)
 }
 
 /*
+ * Begin a transaction of the reclaim's own, with the extension locked
+ * against DROP EXTENSION if it is there; returns whether it is.
+ */
+static bool
+begin_reclaim_transaction(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	return OidIsValid(store_find_extension());
+}
+
+static void
+commit_reclaim_transaction(void)
+{
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+}
+
+/*
  * Do action to each segment in the set (a bit per segment), in a
- * transaction of its own, with the extension locked against DROP
- * EXTENSION; returns the set of those for which it returned true.
+ * transaction of its own; returns the set of those for which it returned
+ * true.
  */
 static int
 reclaim_in_transaction(int segments, SegmentAction action)
 {
 	int			done = 0;
 
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "outbox: SPI_connect failed");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	if (OidIsValid(store_find_extension()))
+	if (begin_reclaim_transaction())
 	{
 		Oid			namespace = store_extension_namespace();
 
@@ -275,38 +293,56 @@ reclaim_in_transaction(int segments, SegmentAction action)
 				done |= 1 << s;
 		}
 	}
-	PopActiveSnapshot();
-	SPI_finish();
-	CommitTransactionCommand();
+	commit_reclaim_transaction();
 	return done;
 }
+
+#define ALL_SEGMENTS ((1 << OUTBOX_SEGMENTS) - 1)
 
 /* Every segment but the current one. */
 static int
 all_but_current(TimestampTz now)
 {
-	return ((1 << OUTBOX_SEGMENTS) - 1) & ~(1 << segment_at(now));
+	return ALL_SEGMENTS & ~(1 << segment_at(now));
 }
 
 /*
  * Is any segment but the current one holding blocks, which a reclaim may
  * give back?  *turn_ends_ms says how long until the current one's turn
- * ends, when it may hold some too.  Cheap: it reads the segments' sizes.
+ * ends, when it may hold some too; *any_holds, whether any segment, the
+ * current one too, holds blocks: if none does, the outbox holds no row.
+ * Cheap: it reads the segments' sizes.
  */
 bool
-segments_to_reclaim(long *turn_ends_ms)
+segments_to_reclaim(long *turn_ends_ms, bool *any_holds)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int			holding = reclaim_in_transaction(ALL_SEGMENTS, holds_blocks);
 
 	*turn_ends_ms = ms_until_turn_ends(now);
-	return reclaim_in_transaction(all_but_current(now), holds_blocks) != 0;
+	*any_holds = holding != 0;
+	return (holding & all_but_current(now)) != 0;
 }
 
 /*
- * Truncate every drained segment but the current one: in a reclaimer, a
- * first look at each, then each that looked drained under its lock (in the
- * publisher, each under its lock at once), in a transaction of
- * its own, so that each lock is held for moments only (and given up before
+ * In a reclaimer, before the segments: the look for rows the publisher's
+ * claims passed (store.c's "The claim floor"), whose walk over the index
+ * entries of the rows deleted since VACUUM last ran is not the publisher's
+ * either.
+ */
+static void
+hand_over_passed_rows(void)
+{
+	if (begin_reclaim_transaction())
+		store_hand_over_passed_rows();
+	commit_reclaim_transaction();
+}
+
+/*
+ * Truncate every drained segment but the current one: in a reclaimer,
+ * after the look for rows the claims passed, a first look at each, then
+ * each that looked drained under its lock (in the publisher, each under
+ * its lock at once), in a transaction of its own, so that each lock is held for moments only (and given up before
  * the commit removes the segment's files, the slowest part).  Returns how
  * long until there may be a segment to truncate: one not drained is tried
  * again soon; else the current one, which may take rows meanwhile, once
@@ -317,9 +353,12 @@ segments_reclaim(bool in_reclaimer)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	long		next_ms = ms_until_turn_ends(now);
-	int			holding = reclaim_in_transaction(all_but_current(now), holds_blocks);
+	int			holding;
 	int			drained;
 
+	if (in_reclaimer)
+		hand_over_passed_rows();
+	holding = reclaim_in_transaction(all_but_current(now), holds_blocks);
 	if (holding == 0)
 		return next_ms;
 	/* in the publisher, a first look would only be a second scan */

@@ -19,7 +19,7 @@
 #define RECLAIM_RETRY_MS 1000
 
 extern int	segment_at(TimestampTz t);
-extern bool segments_to_reclaim(long *turn_ends_ms);
+extern bool segments_to_reclaim(long *turn_ends_ms, bool *any_holds);
 extern long segments_reclaim(bool in_reclaimer);
 
 #endif							/* OUTBOX_SEGMENT_H */

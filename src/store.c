@@ -24,6 +24,7 @@
 #include "storage/lmgr.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -53,6 +54,7 @@ typedef enum StoreStatement
 	STMT_RETRY,
 	STMT_DEAD_LETTER,
 	STMT_NEXT_RETRY,
+	STMT_LOWEST_CLAIMABLE,
 	STMT_PREPARED_EXIST,
 	STMT_COUNT
 } StoreStatement;
@@ -101,18 +103,20 @@ typedef enum StoreStatement
  * run again for the rest of its range: past the id $3, where it stopped
  * (BELOW_EVERY_ID the first time).
  */
+#define NOT_HELD_BACK \
+		"(m.key IS NULL" \
+		"        OR (SELECT NOT EXISTS (SELECT FROM %1$s.outbox_message WHERE state = 'retrying'))" \
+		"        OR NOT EXISTS (" \
+		"        SELECT FROM %1$s.outbox_message earlier" \
+		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic" \
+		"           AND earlier.key = m.key AND earlier.id < m.id))"
 #define CLAIM_SQL(ids_to_claim) \
 		"SELECT " CLAIMED_COLUMNS \
 		"  FROM %1$s.outbox_message m" \
 		" WHERE " ids_to_claim " AND m.id > $3" \
 		"   AND m.state <> 'sent'" \
 		"   AND (m.state = 'pending' OR m.next_attempt_at <= pg_catalog.now())" \
-		"   AND (m.key IS NULL" \
-		"        OR (SELECT NOT EXISTS (SELECT FROM %1$s.outbox_message WHERE state = 'retrying'))" \
-		"        OR NOT EXISTS (" \
-		"        SELECT FROM %1$s.outbox_message earlier" \
-		"         WHERE earlier.state = 'retrying' AND earlier.topic = m.topic" \
-		"           AND earlier.key = m.key AND earlier.id < m.id))" \
+		"   AND " NOT_HELD_BACK \
 		" ORDER BY m.id LIMIT $1" \
 		" FOR UPDATE OF m SKIP LOCKED"
 
@@ -212,6 +216,18 @@ static const StatementDef statement_defs[STMT_COUNT] = {
 		0, {InvalidOid},
 		PLAN_ONCE
 	},
+	/*
+	 * The lowest row a claim would take but for a lock, found without
+	 * taking any (store_hand_over_passed_rows()).
+	 */
+	[STMT_LOWEST_CLAIMABLE] = {
+		"look for a message the claim passed",
+		"SELECT m.id FROM %1$s.outbox_message m"
+		" WHERE m.state <> 'sent' AND m.state = 'pending' AND " NOT_HELD_BACK
+		" ORDER BY m.id LIMIT 1",
+		0, {InvalidOid},
+		PLAN_ONCE
+	},
 	[STMT_PREPARED_EXIST] = {
 		"look for prepared transactions",
 		"SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts"
@@ -249,24 +265,29 @@ static StatementSet statements = {statement_defs, STMT_COUNT};
  *   had waited to retry and is now delivered or dead-lettered, behind
  *   which the later messages of its key may wait (store_record_outcomes());
  * - a row that another session had locked when the claim passed it: no
- *   claim can see that, so every outbox.poll_interval the claim starts from
- *   the left edge once again.
+ *   claim can see that, so every outbox.poll_interval a reclaimer
+ *   (publisher.c) looks for the lowest row a claim would take, without
+ *   locking any, and hands its id over as a committing transaction does
+ *   (store_hand_over_passed_rows()).  The look walks the index entries of
+ *   the rows deleted since VACUUM last ran, half a million after a burst,
+ *   tens of milliseconds in which the publisher would publish nothing.
+ *   Without a reclaimer, the publisher's next claim starts from the left
+ *   edge instead (store_rescan()).
  *
  * Unknown (from the left edge) when the worker starts and when the
  * extension changes.
  */
 static bool claim_floor_known = false;
 static int64 claim_floor = 0;
-static TimestampTz claim_floor_rescanned_at = 0;
 
 /*
  * When the next retry is due, as store_ms_until_next_retry() last found;
  * 0 when not known, DT_NOEND when none waits.  The claim asks for the
  * retries below the floor only once one is due: the in-flight ids it
  * leaves out cost milliseconds to plan.  It is asked again only once that
- * time has come, or the worker scheduled retries, or at the claim floor's
- * rescan (a row restored as retrying tells the worker nothing more), not
- * at every turn that drains the outbox.
+ * time has come, or the worker scheduled retries, or every
+ * outbox.poll_interval (store_rescan(): a row restored as retrying tells
+ * the worker nothing more), not at every turn that drains the outbox.
  */
 static TimestampTz next_retry_at = 0;
 static bool prepared_looked_for = false;
@@ -598,6 +619,42 @@ store_lower_claim_floor(int64 id)
 		claim_floor = id;
 }
 
+/*
+ * Every outbox.poll_interval, in the publisher: ask the table again when
+ * the next retry is due; and with from_left_edge, when no reclaimer could
+ * look for rows the claims passed, have the next claim start from the left
+ * edge of the index (see "The claim floor").
+ */
+void
+store_rescan(bool from_left_edge)
+{
+	next_retry_at = 0;
+	if (from_left_edge)
+		claim_floor_known = false;
+}
+
+/*
+ * In a reclaimer: hand the publisher of this database the lowest row its
+ * claims would take but for a lock, if any (see "The claim floor").  It may
+ * be one of a batch in flight, or one the publisher has claimed since:
+ * its claims leave those out, and a floor let down to a row they passed
+ * costs a walk from there once.
+ */
+void
+store_hand_over_passed_rows(void)
+{
+	bool		isnull;
+	int64		lowest;
+
+	run(STMT_LOWEST_CLAIMABLE, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		return;
+	lowest = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	worker_lower_claim_floor(MyDatabaseId, lowest, false);
+	elog(DEBUG1, "outbox: the lowest message a claim would take is " INT64_FORMAT
+		 "; the publisher's next claim starts from it", lowest);
+}
+
 /* Is any prepared transaction left in this database? */
 static bool
 prepared_transactions_exist(void)
@@ -618,7 +675,6 @@ prepared_transactions_exist(void)
 static int64
 claim_floor_for_claim(bool *known)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	int64		prepared;
 	int64		floor;
 
@@ -628,12 +684,6 @@ claim_floor_for_claim(bool *known)
 		if (prepared_transactions_exist())
 			worker_hold_claim_floor(PG_INT64_MIN);
 		prepared_looked_for = true;
-	}
-	if (now >= TimestampTzPlusMilliseconds(claim_floor_rescanned_at, outbox_poll_interval))
-	{
-		claim_floor_known = false;
-		next_retry_at = 0;
-		claim_floor_rescanned_at = now;
 	}
 	if (worker_claim_floor_held(&prepared) &&
 		!prepared_transactions_exist() && worker_release_claim_floor(prepared))

@@ -30,5 +30,7 @@ extern char *store_describe_failure(const OutboxMessage *m);
 extern void store_lower_claim_floor(int64 id);
 extern Oid	store_extension_namespace(void);
 extern long store_ms_until_next_retry(void);
+extern void store_rescan(bool from_left_edge);
+extern void store_hand_over_passed_rows(void);
 
 #endif							/* OUTBOX_STORE_H */
