@@ -90,14 +90,49 @@ typedef struct CaptureState
 	CaptureSettings *settings;	/* read against the table it fires on */
 } CaptureState;
 
+/*
+ * The extension's schema, oid and owner as the trigger last read them
+ * (known_extension valid), kept from one statement to the next: the scan of
+ * pg_extension, which has no syscache, was a quarter of the trigger's time
+ * on a one-row INSERT.  Forgotten on a relcache invalidation of
+ * outbox_captured (captured_tables_invalidate()), which every change of
+ * them sends: DROP EXTENSION drops the table, REASSIGN OWNED writes its
+ * pg_class row (the extension is not relocatable); and on any change of a
+ * role, so that an owner whose objects went to another role, and that is
+ * then dropped, is never run as.  The schema's name is not kept:
+ * ALTER SCHEMA RENAME sends neither.
+ */
+typedef struct KnownExtension
+{
+	bool		valid;
+	Oid			namespace;
+	Oid			extension;
+	Oid			owner;
+} KnownExtension;
+
+static KnownExtension known_extension;
+static Oid	captured_registry = InvalidOid; /* outbox_captured, once read */
+
+static void remember_captured_tables(void);
+
 static CaptureExtension
 find_extension(void)
 {
 	CaptureExtension e;
 
-	e.namespace = extension_namespace(&e.extension, &e.owner);
-	if (!OidIsValid(e.namespace))
-		elog(ERROR, "outbox: the extension is not installed in this database");
+	remember_captured_tables();
+	if (!known_extension.valid)
+	{
+		known_extension.namespace = extension_namespace(&known_extension.extension,
+														&known_extension.owner);
+		if (!OidIsValid(known_extension.namespace))
+			elog(ERROR, "outbox: the extension is not installed in this database");
+		captured_registry = get_relname_relid("outbox_captured", known_extension.namespace);
+		known_extension.valid = true;
+	}
+	e.namespace = known_extension.namespace;
+	e.extension = known_extension.extension;
+	e.owner = known_extension.owner;
 	e.schema = quote_identifier(get_namespace_name(e.namespace));
 	e.trigger_function = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid,
 										 CStringGetDatum("outbox_capture_trigger"),
@@ -354,7 +389,6 @@ typedef struct CapturedTable
 } CapturedTable;
 
 static HTAB *captured_tables = NULL;
-static Oid	captured_registry = InvalidOid; /* outbox_captured, once read */
 static List *retired_contexts = NIL;
 
 static void
@@ -370,9 +404,16 @@ captured_tables_invalidate(Datum arg, Oid relid)
 			entry->valid = false;
 		return;
 	}
+	known_extension.valid = false;
 	hash_seq_init(&scan, captured_tables);
 	while ((entry = hash_seq_search(&scan)) != NULL)
 		entry->valid = false;
+}
+
+static void
+role_changed(Datum arg, int cacheid, uint32 hashvalue)
+{
+	known_extension.valid = false;
 }
 
 static void
@@ -403,6 +444,7 @@ remember_captured_tables(void)
 	captured_tables = hash_create("outbox captured tables", 16, &ctl,
 								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	CacheRegisterRelcacheCallback(captured_tables_invalidate, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHOID, role_changed, (Datum) 0);
 	RegisterXactCallback(free_retired_contexts, NULL);
 }
 
@@ -442,7 +484,6 @@ table_settings(Relation rel, const CaptureExtension *e)
 	MemoryContextSwitchTo(old);
 
 	MemoryContextSetParent(context, CacheMemoryContext);
-	captured_registry = get_relname_relid("outbox_captured", e->namespace);
 	entry = hash_search(captured_tables, &relid, HASH_ENTER, &found);
 	if (found)
 	{
