@@ -342,11 +342,11 @@ hand_over_passed_rows(void)
  * Truncate every drained segment but the current one: in a reclaimer,
  * after the look for rows the claims passed, a first look at each, then
  * each that looked drained under its lock (in the publisher, each under
- * its lock at once), in a transaction of its own, so that each lock is held for moments only (and given up before
- * the commit removes the segment's files, the slowest part).  Returns how
- * long until there may be a segment to truncate: one not drained is tried
- * again soon; else the current one, which may take rows meanwhile, once
- * its turn ends.
+ * its lock at once), in a transaction of its own, so that each lock is
+ * held for moments only (and given up before the commit removes the
+ * segment's files, the slowest part).  Returns how long until there may
+ * be a segment to truncate: one not drained is tried again soon; else the
+ * current one, which may take rows meanwhile, once its turn ends.
  */
 long
 segments_reclaim(bool in_reclaimer)
