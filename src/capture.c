@@ -94,13 +94,15 @@ typedef struct CaptureState
  * The extension's schema, oid and owner as the trigger last read them
  * (known_extension valid), kept from one statement to the next: the scan of
  * pg_extension, which has no syscache, was a quarter of the trigger's time
- * on a one-row INSERT.  Forgotten on a relcache invalidation of
- * outbox_captured (captured_tables_invalidate()), which every change of
- * them sends: DROP EXTENSION drops the table, REASSIGN OWNED writes its
- * pg_class row (the extension is not relocatable); and on any change of a
- * role, so that an owner whose objects went to another role, and that is
- * then dropped, is never run as.  The schema's name is not kept:
- * ALTER SCHEMA RENAME sends neither.
+ * on a one-row INSERT.  pg_extension's own changes send no invalidation;
+ * so the cache is forgotten on a relcache invalidation of outbox_captured
+ * (captured_tables_invalidate()), which the changes of them send: DROP
+ * EXTENSION drops the table, and REASSIGN OWNED, which moves the extension
+ * to another owner, writes the table's pg_class row too, as the
+ * extension's owner owns its tables (the extension is not relocatable);
+ * and on any change of a role, so that an owner that is dropped is never
+ * run as.  The schema's name is not kept: ALTER SCHEMA RENAME sends
+ * neither.
  */
 typedef struct KnownExtension
 {

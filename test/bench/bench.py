@@ -192,9 +192,9 @@ B3_RATES = {1000: 1, 10000: 10}
 # segments truncated, the outbox's autovacuum, meanwhile).  B3_BURST_ROUNDS
 # rounds, ours and Kafka's floor in turn, compared by their median p99:
 # after a burst this machine (its disk or the broker) stalls now and then,
-# for up to half a second, ours and the floor alike (both 0.4 s in the first half second in
-# one run, neither in the next), which one round each would count against
-# whichever it fell on.
+# for up to half a second, ours and the floor alike (both 0.4 s in the
+# first half second in one run, neither in the next), which one round each
+# would count against whichever it fell on.
 B3_AFTER_BURST = 10
 B3_BURST_ROUNDS = 3
 # B3BG: B3's rates, ours, the tuned poller's and the floor's, while the

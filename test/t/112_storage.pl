@@ -7,11 +7,11 @@
 #
 # The claim starts from its floor, not from the left edge of the index; so
 # every way a row can wait below the floor is shown to be delivered with no
-# rescan to find it (outbox.poll_interval is an hour): a transaction that
-# commits after later ones were delivered; a prepared transaction, before
-# and across a restart; messages held back behind a retry.  And a row that
-# another session had locked is found by the rescan of every
-# outbox.poll_interval.
+# look for passed rows to find it (outbox.poll_interval is an hour): a
+# transaction that commits after later ones were delivered; a prepared
+# transaction, before and across a restart; messages held back behind a
+# retry.  And a row that another session had locked is found by the look
+# of every outbox.poll_interval (a reclaimer's: 122_reclaimer.pl).
 use strict;
 use warnings;
 
@@ -135,7 +135,7 @@ $holder->query_safe('COMMIT');
 $holder->quit;
 
 # A row locked by another session is skipped, and the floor passes it; the
-# rescan of every outbox.poll_interval finds it once the lock is gone.
+# look of every outbox.poll_interval finds it once the lock is gone.
 $node->safe_psql('postgres', "ALTER SYSTEM SET outbox.brokers = '127.0.0.1:1'; SELECT pg_reload_conf()");
 ok(wait_for_query($node, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30),
 	'the worker is kept from the brokers');
