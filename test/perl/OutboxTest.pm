@@ -23,7 +23,7 @@ use Time::HiRes qw(time sleep);
 our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench inbox_check
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
-  backlog_drain_time enqueue_backlog refusing_topics
+  backlog_drain_time enqueue_backlog refusing_topics committed_late
   check_delivery slow_tests publishers_gone);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
@@ -77,7 +77,8 @@ sub unique_topic
 # Two new topics that refuse records for good: the first any record over
 # 200 bytes (dead-lettered at once), the second any record older than the
 # broker's clock (retried until its message.timestamp.before.max.ms is
-# raised).
+# raised).  Enqueue to the second with committed_late(): a record whose
+# timestamp is the broker's own millisecond is not older than its clock.
 sub refusing_topics
 {
 	my ($prefix) = @_;
@@ -85,6 +86,15 @@ sub refusing_topics
 	kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
 	kafka_admin('create-topic', $stale, '--config', 'message.timestamp.before.max.ms=0');
 	return ($small, $stale);
+}
+
+# The SQL in one transaction that commits a few milliseconds after it ran:
+# a record it enqueues is then older than the broker's clock when it
+# arrives, however fast the worker publishes it.
+sub committed_late
+{
+	my ($sql) = @_;
+	return "BEGIN;\n$sql;\nDO 'BEGIN PERFORM pg_catalog.pg_sleep(0.005); END';\nCOMMIT;";
 }
 
 # Every record of the topics, read from the beginning, as hashes (see

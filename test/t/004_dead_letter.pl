@@ -26,13 +26,13 @@ kafka_admin('create-topic', $small, '--config', 'max.message.bytes=200');
 kafka_admin('create-topic', $norep, '--config', 'message.timestamp.before.max.ms=0');
 
 my $big = 'x' x 1000;
-$node->safe_psql('postgres', qq{
+$node->safe_psql('postgres', committed_late(qq{
 	SELECT outbox_enqueue('$small', '$big'::text, 'k-small');
 	SELECT outbox_enqueue('$norep', 'first'::text, 'k-norep');
 	SELECT outbox_enqueue('$small', 'after the big one'::text, 'k-small');
 	SELECT outbox_enqueue('$norep', 'second'::text, 'k-norep');
 	SELECT outbox_enqueue('$fine', 'fine ' || i, 'k-fine-' || i) FROM generate_series(1, 5) i;
-});
+}));
 
 ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE topic = '$small'", '1', 30),
 	'the oversized message is dead-lettered');

@@ -126,11 +126,11 @@ my ($small, $stale) = refusing_topics("upgrade.$name");
 
 # Sent, kept as sent; dead-lettered; retrying.
 my $big = 'x' x 1000;
-$node->safe_psql('postgres', qq{
+$node->safe_psql('postgres', committed_late(qq{
 	SELECT count(outbox_enqueue('$fine', 'sent ' || i, 'k-' || i % 3)) FROM generate_series(1, 5) i;
 	SELECT outbox_enqueue('$small', '$big'::text, 'k-small');
 	SELECT outbox_enqueue('$stale', 'retrying'::text, 'k-stale');
-});
+}));
 ok(wait_for_query($node,
 		"SELECT string_agg(topic || ':' || state, ',' ORDER BY id) FROM outbox_message WHERE state <> 'pending' AND topic <> '$kept'",
 		join(',', ("$fine:sent") x 5, "$stale:retrying"), 60),
@@ -143,11 +143,11 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_dead_letter WHERE t
 $node->safe_psql('postgres', "ALTER SYSTEM SET outbox.brokers = '127.0.0.1:1'; SELECT pg_reload_conf()");
 ok(wait_for_query($node, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30),
 	'the worker waits for brokers it cannot reach');
-$node->safe_psql('postgres', qq{
+$node->safe_psql('postgres', committed_late(qq{
 	SELECT outbox_enqueue('$stale', 'after the retrying one'::text, 'k-stale');
 	SELECT count(outbox_enqueue('$fine', 'pending ' || i, 'k-' || i % 7)) FROM generate_series(1, 50) i;
 	INSERT INTO outbox_message (topic, key, payload) SELECT '$fine', 'k-insert', convert_to('inserted ' || i, 'UTF8') FROM generate_series(1, 5) i;
-});
+}));
 $node->safe_psql('postgres', qq{SELECT outbox_enqueue('$fine', 'delayed'::text, 'k-delayed', deliver_after => '2 seconds')})
   if $has_delay;
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_message WHERE state = 'pending'"), '56',

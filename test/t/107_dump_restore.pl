@@ -61,10 +61,10 @@ $source->safe_psql('shop', 'CREATE EXTENSION outbox');
 
 # Three dead letters and a retrying message, then Kafka out of reach.
 my $big = 'x' x 1000;
-$source->safe_psql('shop', qq{
+$source->safe_psql('shop', committed_late(qq{
 	SELECT count(outbox_enqueue('$small', '$big'::text, 'k-small-' || i)) FROM generate_series(1, 3) i;
 	SELECT outbox_enqueue('$stale', 'retrying'::text, 'k-stale');
-});
+}));
 ok(wait_for_query($source,
 		"SELECT (SELECT count(*) FROM outbox_dead_letter) || '/' || (SELECT string_agg(state, ',') FROM outbox_message)",
 		'3/retrying', 60, 'shop'),

@@ -87,13 +87,13 @@ ok(wait_for_query($node, $outbox_empty, '0', 30),
 
 # Messages held back behind a retry, passed by the floor meanwhile.
 my (undef, $stale) = refusing_topics('storage');
-my $held = $node->safe_psql('postgres', qq{
-	SELECT outbox_enqueue('$stale', 'first'::text, 'k')});
+my $held = $node->safe_psql('postgres', committed_late(qq{
+	SELECT outbox_enqueue('$stale', 'first'::text, 'k')}));
 ok(wait_for_query($node, "SELECT state FROM outbox_message WHERE id = $held", 'retrying', 30),
 	'a message its topic refuses waits to retry');
-$node->safe_psql('postgres', qq{
+$node->safe_psql('postgres', committed_late(qq{
 	SELECT outbox_enqueue('$stale', 'second'::text, 'k');
-	SELECT outbox_enqueue('$stale', 'third'::text, 'k')});
+	SELECT outbox_enqueue('$stale', 'third'::text, 'k')}));
 enqueue(undef, enqueue_sql(q{'beside the retry ' || i}, 'later', 5));
 ok(wait_for_query($node, "SELECT count(*) FROM outbox_message WHERE topic = '$topic'", '0', 30),
 	'messages of other keys, enqueued after, are delivered');

@@ -41,12 +41,12 @@ $node->safe_psql('postgres', 'ANALYZE outbox_message');
 # dead-lettered at once, or retried and then dead-lettered.
 sub enqueue_all
 {
-	$node->safe_psql('postgres', qq{
+	$node->safe_psql('postgres', committed_late(qq{
 		SELECT count(outbox_enqueue('$topic', json_build_object('n', i)::jsonb, 'k-' || i % 100))
 		  FROM generate_series(1, 20000) i;
 		SELECT count(outbox_enqueue('$small', repeat('x', 300)::text, 'small-' || i)) FROM generate_series(1, 3) i;
 		SELECT count(outbox_enqueue('$stale', 'stale'::text, 'stale-' || i)) FROM generate_series(1, 3) i;
-	});
+	}));
 }
 
 sub wait_drained

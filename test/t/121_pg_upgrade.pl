@@ -140,14 +140,14 @@ sub fill
 	my $big = 'x' x 1000;
 
 	# sent (kept), dead-lettered, retrying; the inbox applies, and fails for one key
-	$node->safe_psql('postgres', qq{
+	$node->safe_psql('postgres', committed_late(qq{
 		INSERT INTO failing VALUES ('fail-$step');
 		SELECT count(outbox_enqueue('$main', 'sent $step ' || i, 'sent-' || i % 2)) FROM generate_series(1, 6) i;
 		SELECT outbox_enqueue('$small', '$big'::text, 'dead-$step');
 		SELECT outbox_enqueue('$stale', 'retrying $step'::text, 'stale-$step');
 		SELECT count(outbox_enqueue('$inbox_topic', 'before $step ' || i, 'in-' || i % 3)) FROM generate_series(1, 9) i;
 		SELECT outbox_enqueue('$inbox_topic', 'fails $step'::text, 'fail-$step');
-	});
+	}));
 	log_expected($node);
 	ok(wait_for_query($node, qq{
 			SELECT (SELECT count(*) FROM outbox_message WHERE topic = '$main' AND state = 'sent'
@@ -167,12 +167,12 @@ sub fill
 	brokers_held($node, 1);
 	ok(wait_for_query($node, 'SELECT state FROM outbox_worker', 'waiting for brokers', 30),
 		"step $step: the publisher waits for brokers it cannot reach");
-	$node->safe_psql('postgres', qq{
+	$node->safe_psql('postgres', committed_late(qq{
 		SELECT outbox_enqueue('$stale', 'behind the retrying one $step'::text, 'stale-$step');
 		SELECT count(outbox_enqueue('$main', 'pending $step ' || i, 'k-' || i % 4)) FROM generate_series(1, 20) i;
 		SELECT outbox_enqueue('$main', 'delayed $step'::text, 'delayed-$step', deliver_after => '45 seconds');
 		SELECT count(outbox_enqueue('$inbox_topic', 'after $step ' || i, 'in-' || i % 3)) FROM generate_series(1, 6) i;
-	});
+	}));
 	log_expected($node);
 	# (a delayed message waits as a retry does, not yet attempted)
 	is($node->safe_psql('postgres', q{

@@ -107,13 +107,13 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_grant_topic('subscriber', '$topic', 'subscribe');
 	SELECT inbox_subscribe('orders', ARRAY['$topic'], 'apply(inbox_message)', run_as => 'subscriber');
 });
-$node->safe_psql('postgres', qq{
+$node->safe_psql('postgres', committed_late(qq{
 	SELECT count(outbox_enqueue('$topic', 'order ' || i, 'k-' || i % 5)) FROM generate_series(1, 40) i;
 	SELECT outbox_enqueue('$topic', 'poison'::text, 'k-poison');
 	SELECT outbox_enqueue('$small', repeat('x', 1000), 'k-small');
 	SELECT outbox_enqueue('$stale', 'refused'::text, 'k-stale');
 	SELECT outbox_enqueue('$topic', 'later'::text, 'k-later', deliver_after => '1 hour');
-});
+}));
 ok(wait_for_query($node, "SELECT sent_last_minute FROM outbox_status WHERE topic = '$topic'", '41', 60),
 	'41 messages delivered to the topic');
 ok(wait_for_query($node, "SELECT dead_letters FROM outbox_status WHERE topic = '$small'", '1', 60),

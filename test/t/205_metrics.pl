@@ -95,7 +95,7 @@ is($node->safe_psql('postgres', "SELECT '$due_latency'::interval < '2 s'"), 't',
 # A retried message counts from its enqueue: its failed attempts are the
 # outbox's latency.
 my (undef, $stale) = refusing_topics('metrics');
-$node->safe_psql('postgres', "SELECT outbox_enqueue('$stale', 'refused a while'::text)");
+$node->safe_psql('postgres', committed_late("SELECT outbox_enqueue('$stale', 'refused a while'::text)"));
 ok(wait_for_query($node, qq{SELECT retrying > 0 FROM outbox_status WHERE topic = '$stale'}, 't', 60),
 	'a message the topic refuses waits to retry');
 ok(wait_for_query($node, qq{SELECT now() - min(created_at) > '4 s' FROM outbox_message WHERE topic = '$stale'}, 't', 60),
