@@ -710,14 +710,33 @@ pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms)
 	commit_turn_transaction(turn_context);
 	claimed_waits = turn_after_commit(p, next, in_flight);
 
+	in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
 	if (!OidIsValid(extension))
 		result = TURN_NO_EXTENSION;
-	else if (pipeline_has_batch_in_flight(p) || claimed_waits || p->claim_again)
+	else if (claimed_waits || p->claim_again || (in_flight && in_flight->full))
 		result = TURN_GO_ON;
+	else if (in_flight)
+		result = TURN_IN_FLIGHT;
 	else
 		result = TURN_DRAINED;
 	pgstat_report_activity(STATE_IDLE, NULL);
 	return result;
+}
+
+/*
+ * Let commits gather for timeout_ms before the next turn (the publisher's
+ * coalescing).  The reports on a batch in flight are read as they come, so
+ * that each acknowledgement is timed when it came (its latency), not when
+ * the wait ended.
+ */
+void
+pipeline_gather(Pipeline *p, long timeout_ms)
+{
+	if (p->producer != NULL && pipeline_has_batch_in_flight(p))
+		producer_serve_events_for(p->producer, timeout_ms);
+	else
+		(void) WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+						 PG_WAIT_EXTENSION);
 }
 
 /* At shutdown: record what Kafka says of the batch in flight, then let go. */

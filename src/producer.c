@@ -365,6 +365,21 @@ producer_serve_events(OutboxProducer *producer)
 	kafka_link_read_available(producer->link);
 }
 
+/* Read what the Kafka process says as it comes, for timeout_ms. */
+void
+producer_serve_events_for(OutboxProducer *producer, long timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	long		left = timeout_ms;
+
+	while (left > 0 && kafka_link_alive(producer->link))
+	{
+		if (kafka_link_wait(producer->link, WL_SOCKET_READABLE, left) & WL_SOCKET_READABLE)
+			kafka_link_read_available(producer->link);
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+	}
+}
+
 /*
  * Ask the cluster for its brokers.  An answer means the brokers are there
  * and accept this producer's credentials.

@@ -27,6 +27,7 @@ extern void producer_destroy(OutboxProducer *producer);
 extern bool producer_settings_changed(OutboxProducer *producer);
 extern bool producer_failed_fatally(OutboxProducer *producer);
 extern void producer_serve_events(OutboxProducer *producer);
+extern void producer_serve_events_for(OutboxProducer *producer, long timeout_ms);
 extern bool producer_brokers_reachable(OutboxProducer *producer, int timeout_ms);
 extern void producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count);
 extern AwaitResult producer_await_deliveries(OutboxProducer *producer, bool until_woken);

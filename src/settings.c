@@ -40,7 +40,7 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define DEFAULT_RETRY_BACKOFF_MAX_MS (5 * 60 * 1000)
 #define DEFAULT_MAX_ATTEMPTS 10
 #define DEFAULT_POLL_INTERVAL_MS (10 * 1000)
-#define DEFAULT_MAX_WAKE_DELAY_MS 5
+#define DEFAULT_MAX_WAKE_DELAY_MS 20
 #define DEFAULT_MAX_RECORD_SIZE 1000000 /* librdkafka's message.max.bytes */
 #define DEFAULT_SENT_RETENTION_S 0
 #define DEFAULT_MAX_WORKERS 4
