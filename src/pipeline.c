@@ -699,6 +699,7 @@ pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms)
 	MemoryContext turn_context = CurrentMemoryContext;
 	Batch	   *in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
 	Batch	   *next = batch_in_state(p, BATCH_EMPTY);
+	Batch	   *left_in_flight;
 	Oid			extension;
 	bool		claimed_waits;
 	TurnResult	result;
@@ -710,12 +711,12 @@ pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms)
 	commit_turn_transaction(turn_context);
 	claimed_waits = turn_after_commit(p, next, in_flight);
 
-	in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
+	left_in_flight = batch_in_state(p, BATCH_IN_FLIGHT);
 	if (!OidIsValid(extension))
 		result = TURN_NO_EXTENSION;
-	else if (claimed_waits || p->claim_again || (in_flight && in_flight->full))
+	else if (claimed_waits || p->claim_again || (left_in_flight && left_in_flight->full))
 		result = TURN_GO_ON;
-	else if (in_flight)
+	else if (left_in_flight)
 		result = TURN_IN_FLIGHT;
 	else
 		result = TURN_DRAINED;
