@@ -113,7 +113,12 @@ sub consume_topics
 	my ($stdout, $stderr);
 	IPC::Run::run(\@cmd, '>', \$stdout, '2>', \$stderr)
 	  or die "consume.py failed: $stderr";
-	return [ map { decode_json($_) } grep { /\S/ } split /\n/, $stdout ];
+	my @records = map { decode_json($_) } grep { /\S/ } split /\n/, $stdout;
+	# What the consumer met while it waited (broker errors, its timeout)
+	# tells a slow delivery from a lost one.
+	diag("consume.py: $stderr")
+	  if defined $args{expect} && @records < $args{expect} && $stderr ne '';
+	return \@records;
 }
 
 sub message_id_header

@@ -39,12 +39,6 @@ ok(wait_for_query($node, "SELECT count(*) FROM outbox_dead_letter WHERE topic = 
 is($node->safe_psql('postgres', "SELECT attempts, error, length(payload) FROM outbox_dead_letter WHERE topic = '$small'"),
 	'1|Broker: Message size too large|1000', 'at once, with the broker\'s reason, payload kept');
 
-my $fine_records = consume_topics(topics => [$fine], expect => 5, timeout => 30);
-is(scalar(@$fine_records), 5, 'other keys are delivered meanwhile');
-my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 30);
-is_deeply([ map { $_->{value} } @$small_records ], ['after the big one'],
-	'the next message of the dead-lettered key is delivered');
-
 # The message that keeps failing holds back the later one of its key.
 ok(wait_for_query($node,
 		"SELECT state FROM outbox_message WHERE topic = '$norep' AND payload = convert_to('first', 'UTF8') AND attempts >= 1",
@@ -55,6 +49,14 @@ is($node->safe_psql('postgres',
 	'pending|0', 'the later message of its key is not tried while it waits');
 like($node->safe_psql('postgres', "SELECT last_error FROM outbox_message WHERE topic = '$norep' ORDER BY id LIMIT 1"),
 	qr/./, 'the retrying row shows its last error');
+
+my $fine_records = consume_topics(topics => [$fine], expect => 5, timeout => 30);
+is(scalar(@$fine_records), 5, 'other keys are delivered meanwhile')
+  or diag($node->safe_psql('postgres',
+	"SELECT id, state, attempts, last_error FROM outbox_message WHERE topic = '$fine' ORDER BY id"));
+my $small_records = consume_topics(topics => [$small], expect => 1, timeout => 30);
+is_deeply([ map { $_->{value} } @$small_records ], ['after the big one'],
+	'the next message of the dead-lettered key is delivered');
 
 ok(wait_for_query($node,
 		"SELECT attempts FROM outbox_dead_letter WHERE topic = '$norep' AND payload = convert_to('first', 'UTF8')",
