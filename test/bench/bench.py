@@ -336,11 +336,14 @@ B1D_TABLES = {"capture": "captured_outbox", "debezium": "dbz_outbox"}
 
 def outbox_table_rows(table, delete):
     """B1's messages as rows of a Debezium outbox table, deleted again at
-    once with delete."""
+    once with delete, each by its id, as the Quarkus outbox extension's
+    Hibernate session deletes the event it has just saved."""
     rows = [f"INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload)"
-            f" VALUES (gen_random_uuid(), '{t}', 'user-' || :id, 'UserRegistered', {p});"
-            for t, p, _ in B1_MESSAGES]
-    return rows + ([f"DELETE FROM {table} WHERE aggregateid = 'user-' || :id;"] if delete else [])
+            f" VALUES (gen_random_uuid(), '{t}', 'user-' || :id, 'UserRegistered', {p})"
+            + (f" RETURNING id AS event{n} \\gset" if delete else ";")
+            for n, (t, p, _) in enumerate(B1_MESSAGES)]
+    return rows + ([f"DELETE FROM {table} WHERE id = :event{n};" for n in range(len(B1_MESSAGES))]
+                   if delete else [])
 
 
 B1D_VARIANTS = {
