@@ -7,10 +7,12 @@ EXTENSION = outbox
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.3.0.sql \
 	sql/outbox--0.4.0.sql sql/outbox--0.5.0.sql sql/outbox--0.6.0.sql \
 	sql/outbox--0.7.0.sql sql/outbox--0.8.0.sql sql/outbox--0.9.0.sql \
+	sql/outbox--0.10.0.sql \
 	sql/outbox--0.1.0--0.2.0.sql sql/outbox--0.2.0--0.3.0.sql \
 	sql/outbox--0.3.0--0.4.0.sql sql/outbox--0.4.0--0.5.0.sql \
 	sql/outbox--0.5.0--0.6.0.sql sql/outbox--0.6.0--0.7.0.sql \
-	sql/outbox--0.7.0--0.8.0.sql sql/outbox--0.8.0--0.9.0.sql
+	sql/outbox--0.7.0--0.8.0.sql sql/outbox--0.8.0--0.9.0.sql \
+	sql/outbox--0.9.0--0.10.0.sql
 MODULE_big = outbox
 OBJS = \
 	src/outbox.o \
@@ -21,6 +23,7 @@ OBJS = \
 	src/capture_settings.o \
 	src/commit_report.o \
 	src/enqueue.o \
+	src/exactly_once.o \
 	src/inbox_apply.o \
 	src/inbox_rights.o \
 	src/inbox_slot.o \
@@ -53,7 +56,8 @@ OBJS = \
 # librdkafka runs in outbox_kafka, a process of its own (src/kafka_process.c
 # and its modes), installed beside the module.
 KAFKA_PROCESS = src/outbox_kafka
-KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c src/kafka_consume.c
+KAFKA_PROCESS_SRCS = src/kafka_process.c src/kafka_produce.c src/kafka_transaction.c \
+	src/kafka_consume.c
 EXTRA_CLEAN = $(KAFKA_PROCESS)
 
 # librdkafka as pkg-config describes it, else the system's.  Its headers are
@@ -102,7 +106,8 @@ ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-
 # others wait on servers far more than they compute, and run side by side.
 TAP_BROKER_TESTS = test/t/003_broker_outage.pl test/t/010_fault_broker_kill.pl \
 	test/t/011_fault_broker_freeze.pl test/t/013_fault_config.pl \
-	test/t/019_fault_postmaster_death.pl test/t/022_fault_inbox.pl
+	test/t/019_fault_postmaster_death.pl test/t/022_fault_inbox.pl \
+	test/t/023_fault_exactly_once.pl
 TAP_JOBS ?= 3
 # What every other major runs besides pg_regress and isolation when the test
 # command runs the whole suite on one (test/run-tests): the upgrades, the

@@ -332,8 +332,8 @@ kafka_link_read_available(KafkaLink *link)
 	}
 }
 
-static void
-append_property(List **properties, const char *name, const char *value)
+void
+kafka_link_append_property(List **properties, const char *name, const char *value)
 {
 	KafkaProperty *property = palloc(sizeof(KafkaProperty));
 
@@ -354,13 +354,13 @@ kafka_link_properties(const char *const defaults[][2], int ndefaults,
 	List	   *user;
 
 	for (int i = 0; i < ndefaults; i++)
-		append_property(&properties, defaults[i][0], defaults[i][1]);
+		kafka_link_append_property(&properties, defaults[i][0], defaults[i][1]);
 	if (!kafka_properties_split(outbox_kafka_properties, &user))
 		elog(ERROR, "outbox: outbox.kafka_properties passed its check but cannot be split");
 	properties = list_concat(properties, user);
-	append_property(&properties, "bootstrap.servers", outbox_brokers);
+	kafka_link_append_property(&properties, "bootstrap.servers", outbox_brokers);
 	for (int i = 0; i < nenforced; i++)
-		append_property(&properties, enforced[i][0], enforced[i][1]);
+		kafka_link_append_property(&properties, enforced[i][0], enforced[i][1]);
 	return properties;
 }
 

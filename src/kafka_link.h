@@ -33,6 +33,7 @@ typedef void (*KafkaLinkGoneHandler) (void *arg);
 
 extern List *kafka_link_properties(const char *const defaults[][2], int ndefaults,
 								   const char *const enforced[][2], int nenforced);
+extern void kafka_link_append_property(List **properties, const char *name, const char *value);
 extern KafkaLink *kafka_link_start(const char *what, WireFrameType configure_type,
 								   List *properties,
 								   KafkaLinkFrameHandler on_frame,
@@ -60,6 +61,12 @@ kafka_link_begin_frame(StringInfo frame, WireFrameType type)
 	resetStringInfo(frame);
 	appendBinaryStringInfo(frame, (char *) &len, sizeof(len));
 	appendBinaryStringInfo(frame, (char *) &t, sizeof(t));
+}
+
+static inline void
+kafka_link_put_u8(StringInfo frame, uint8 v)
+{
+	appendBinaryStringInfo(frame, (char *) &v, sizeof(v));
 }
 
 static inline void

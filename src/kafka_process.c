@@ -103,11 +103,17 @@ shrink(Buffer *b)
 }
 
 void
+buffer_append(Buffer *b, const void *bytes, size_t len)
+{
+	reserve(b, len);
+	memcpy(b->data + b->len, bytes, len);
+	b->len += len;
+}
+
+void
 put(const void *bytes, size_t len)
 {
-	reserve(&to_worker, len);
-	memcpy(to_worker.data + to_worker.len, bytes, len);
-	to_worker.len += len;
+	buffer_append(&to_worker, bytes, len);
 }
 
 void

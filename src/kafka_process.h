@@ -46,6 +46,7 @@ extern int	wake_fds[2];		/* librdkafka writes to [1] when a queue fills */
 extern void die(const char *what) __attribute__((noreturn));
 extern int64_t now_ms(void);
 
+extern void buffer_append(Buffer *b, const void *bytes, size_t len);
 extern void put(const void *bytes, size_t len);
 extern void put_u32(uint32_t v);
 extern void put_i32(int32_t v);
@@ -74,7 +75,19 @@ extern void wait_for_work(int timeout_ms);
  */
 extern bool configure_producer(WireReader *r, char *reason, size_t reason_len);
 extern int	serve_producer(void);
+extern void producer_note_produced(void);
 extern bool configure_consumer(WireReader *r, char *reason, size_t reason_len);
 extern int	serve_consumer(void);
+
+/*
+ * The producer mode's transactions (kafka_transaction.c), for a producer
+ * made with a transactional.id.
+ */
+extern void transaction_configure(rd_kafka_conf_t *conf);
+extern bool transaction_begin(rd_kafka_t *rk);
+extern bool transaction_note_delivery(const rd_kafka_message_t *m);
+extern void transaction_recover(rd_kafka_t *rk, WireReader *r);
+extern void transaction_end(rd_kafka_t *rk, WireReader *r);
+extern void transaction_close(rd_kafka_t *rk);
 
 #endif							/* OUTBOX_KAFKA_PROCESS_H */

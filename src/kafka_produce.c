@@ -310,6 +310,8 @@ delivery_callback(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	rd_kafka_msg_status_t status = rd_kafka_message_status(m);
 
 	outstanding--;
+	if (transaction_note_delivery(m))
+		return;
 	if (topic_is_missing(m->err))
 	{
 		const char *name = rd_kafka_topic_name(m->rkt);
@@ -339,6 +341,7 @@ configure_producer(WireReader *r, char *reason, size_t reason_len)
 	}
 	set_callbacks(conf);
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_callback);
+	transaction_configure(conf);
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, reason, reason_len);
 	if (rk == NULL)
 	{
@@ -505,6 +508,20 @@ partition_may_be_new(FrameMessage *m)
 }
 
 /*
+ * Report a message of a frame as not produced, for err; it holds back the
+ * later messages of its key.  Its headers are still ours.
+ */
+static void
+fail_message(FrameMessage *m, rd_kafka_resp_err_t err, HeldKeys *held)
+{
+	m->done = true;
+	rd_kafka_headers_destroy(m->headers);
+	report_delivery(m->token, err, DELIVERY_STATUS_NOT_PERSISTED, -1, -1);
+	if (m->key.key != NULL)
+		hold_key(held, &m->key);
+}
+
+/*
  * Produce one message of a frame, or report at once why not: an earlier
  * message of its key failed, its topic is missing, or librdkafka refuses
  * it.  A failure holds back the later messages of its key.
@@ -537,11 +554,7 @@ produce_message(FrameMessage *m, HeldKeys *held)
 		outstanding++;
 		return;
 	}
-	/* the headers are still ours when producev fails */
-	rd_kafka_headers_destroy(m->headers);
-	report_delivery(m->token, err, DELIVERY_STATUS_NOT_PERSISTED, -1, -1);
-	if (keyed)
-		hold_key(held, &m->key);
+	fail_message(m, err, held);
 }
 
 /*
@@ -564,8 +577,12 @@ produce(WireReader *r)
 
 	produce_frames++;
 
+	/* no transaction, no message: the producer is unusable (reported) */
+	if (!transaction_begin(rk))
+		for (uint32_t i = 0; i < count; i++)
+			fail_message(&messages[i], RD_KAFKA_RESP_ERR__FATAL, &held);
 	for (uint32_t i = 0; i < count; i++)
-		if (!topic_needs_probe(messages[i].topic, now))
+		if (!messages[i].done && !topic_needs_probe(messages[i].topic, now))
 			produce_message(&messages[i], &held);
 	for (uint32_t i = 0; i < count; i++)
 	{
@@ -611,12 +628,34 @@ simulate_fatal_error(WireReader *r)
 							  "simulated by outbox_simulate_fatal_error()");
 }
 
+/* A message kafka_transaction.c produced, whose report is owed. */
+void
+producer_note_produced(void)
+{
+	outstanding++;
+}
+
+/* RECOVER and END_TRANSACTION, for kafka_transaction.c. */
+static void
+recover(WireReader *r)
+{
+	transaction_recover(rk, r);
+}
+
+static void
+end_transaction(WireReader *r)
+{
+	transaction_end(rk, r);
+}
+
 /* The frames the producer mode serves. */
 static const ModeFrame producer_frames[] = {
 	{WIRE_PRODUCE, produce},
 	{WIRE_METADATA, answer_metadata},
 	{WIRE_PURGE, purge_all},
 	{WIRE_TEST_FATAL, simulate_fatal_error},
+	{WIRE_RECOVER, recover},
+	{WIRE_END_TRANSACTION, end_transaction},
 };
 
 /*
@@ -643,6 +682,7 @@ serve_producer(void)
 	}
 
 	/* the worker is gone: what is not acknowledged is its to claim again */
+	transaction_close(rk);
 	rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 	rd_kafka_poll(rk, 0);
 	rd_kafka_queue_destroy(main_queue);

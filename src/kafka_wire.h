@@ -23,6 +23,10 @@
  *	  METADATA    timeout_ms: do the brokers answer?
  *	  PURGE       withdraw every message not yet acknowledged
  *	  TEST_FATAL  raise a fatal producer error (outbox_simulate_fatal_error)
+ *	  RECOVER     topic, from_offset, timeout_ms: for a transactional
+ *	              producer, the first frame after READY (see "Transactions")
+ *	  END_TRANSACTION  commit (u8), progress record: commit the open
+ *	              transaction, with this record, or (commit 0) abort it
  *	  (end of file: destroy the producer and exit)
  *
  *	Kafka process -> worker
@@ -33,6 +37,22 @@
  *	  LOG         level, facility, message
  *	  ERROR       error, reason (for RD_KAFKA_RESP_ERR__FATAL, the fatal one)
  *	  METADATA    error
+ *	  TRANSACTION_RESULT  outcome (u8), error, reason, progress_offset:
+ *	              how END_TRANSACTION went; the offset of its progress
+ *	              record if committed, else -1
+ *	  PROGRESS    error, reason, start_offset, gone, count, count x record:
+ *	              RECOVER's answer
+ *
+ * Transactions (outbox.delivery = exactly_once).  A producer made with a
+ * transactional.id is sent RECOVER first: it fences every earlier producer
+ * of that id (init_transactions), makes the progress topic if it does not
+ * exist, commits a start record there, and answers with the progress
+ * records of that id from from_offset (none if -1) up to the start record,
+ * as a read_committed consumer sees them, and the start record's offset,
+ * from which the next RECOVER reads; gone counts the records retention
+ * removed below from_offset.  Then each PRODUCE frame's messages go into
+ * the open transaction, begun with the first of them, until
+ * END_TRANSACTION, answered once every message's DELIVERY is sent.
  *
  * Within one PRODUCE frame the Kafka process keeps per-key order: once a
  * message of a (topic, key) cannot be handed to librdkafka, the later ones
@@ -144,8 +164,72 @@ typedef enum WireFrameType
 	WIRE_FETCH,
 	WIRE_ASSIGNED,
 	WIRE_MESSAGES,
-	WIRE_CONSUME_ERROR
+	WIRE_CONSUME_ERROR,
+	WIRE_RECOVER,
+	WIRE_END_TRANSACTION,
+	WIRE_TRANSACTION_RESULT,
+	WIRE_PROGRESS
 } WireFrameType;
+
+/* How a transaction ended: TRANSACTION_RESULT's outcome. */
+typedef enum WireTransactionOutcome
+{
+	TRANSACTION_NONE = 0,		/* none was open: nothing was produced */
+	TRANSACTION_COMMITTED,
+	TRANSACTION_ABORTED,
+	TRANSACTION_UNKNOWN			/* a fatal error: RECOVER, in a new producer, says */
+} WireTransactionOutcome;
+
+/*
+ * A progress record, the value of the last record of each transaction, in
+ * partition 0 of the progress topic, keyed by the transactional.id: "OBX1"
+ * (its format's name and version), a kind, a count, and count x (message id, int64, and its
+ * message_id, 16 bytes).  Its integers are little-endian: it outlives the
+ * machine that wrote it.
+ */
+#define PROGRESS_MAGIC "OBX1"
+#define PROGRESS_KIND_BATCH 1	/* lists the messages of its transaction */
+#define PROGRESS_KIND_START 2	/* a producer's start: lists none */
+#define PROGRESS_HEADER_SIZE 9	/* magic, kind, count */
+#define PROGRESS_ENTRY_SIZE 24	/* id, message_id */
+#define PROGRESS_UUID_SIZE 16
+
+static inline void
+progress_put_le(char *out, uint64_t v, int bytes)
+{
+	for (int i = 0; i < bytes; i++)
+		out[i] = (char) (v >> (8 * i));
+}
+
+static inline uint64_t
+progress_get_le(const char *in, int bytes)
+{
+	uint64_t	v = 0;
+
+	for (int i = 0; i < bytes; i++)
+		v |= (uint64_t) (unsigned char) in[i] << (8 * i);
+	return v;
+}
+
+static inline void
+progress_header(char *out, uint8_t kind, uint32_t count)
+{
+	memcpy(out, PROGRESS_MAGIC, 4);
+	out[4] = (char) kind;
+	progress_put_le(out + 5, count, 4);
+}
+
+/* The kind of a progress record, or 0 if it is not one whole. */
+static inline uint8_t
+progress_kind(const void *value, size_t len)
+{
+	const char *v = value;
+
+	if (len < PROGRESS_HEADER_SIZE || memcmp(v, PROGRESS_MAGIC, 4) != 0 ||
+		len != PROGRESS_HEADER_SIZE + progress_get_le(v + 5, 4) * PROGRESS_ENTRY_SIZE)
+		return 0;
+	return (uint8_t) v[4];
+}
 
 /* ASSIGN's start_ms for "each partition's first message". */
 #define WIRE_START_EARLIEST ((int64_t) -2)

@@ -112,6 +112,7 @@ typedef struct OutboxMessage
 	bool		possibly_persisted;
 	bool		produced_alone; /* sent again on its own after a refusal
 								 * that may have been another's */
+	bool		in_transaction; /* produced in the open Kafka transaction */
 	int32		partition;
 	int64		offset;
 	TimestampTz acked_at;		/* when its delivery report came */

@@ -57,6 +57,7 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
+#include "exactly_once.h"
 #include "metrics.h"
 #include "pipeline.h"
 #include "producer.h"
@@ -98,6 +99,8 @@ typedef struct Batch
 	bool		full;			/* claimed up to a limit: more may wait */
 	XLogRecPtr	claimed_lsn;	/* after every commit the claim saw */
 	bool		settled_whole;	/* every message delivered or dead-lettered */
+	int64		progress_offset;	/* of its last committed Kafka
+									 * transaction's progress record, or -1 */
 } Batch;
 
 struct Pipeline
@@ -204,14 +207,25 @@ producer_ready(OutboxProducer *producer)
 		worker_brokers_known_reachable();
 }
 
-/* Make a producer from the current settings; report why not if it fails. */
+/*
+ * Make a producer from the current settings, a transactional one under
+ * outbox.delivery = exactly_once, whose start settles what its predecessors
+ * left in doubt (exactly_once.c); report why not if it fails.
+ */
 static bool
 make_producer(Pipeline *p)
 {
-	char		reason[WORKER_LAST_ERROR_LEN];
+	char		reason[WORKER_LAST_ERROR_LEN] = "";
+	char	   *transactional_id = exactly_once_wanted() ? exactly_once_transactional_id() : NULL;
 
 	worker_report_brokers_reachable(false);
-	p->producer = producer_create(reason, sizeof(reason));
+	p->producer = producer_create(transactional_id, reason, sizeof(reason));
+	if (p->producer != NULL && transactional_id != NULL &&
+		!exactly_once_start(p->producer, transactional_id, reason, sizeof(reason)))
+	{
+		producer_destroy(p->producer);
+		p->producer = NULL;
+	}
 	if (p->producer != NULL)
 		return true;
 	worker_report_state(WORKER_WAITING_FOR_BROKERS);
@@ -279,6 +293,7 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
 
 	batch->extension = extension;
 	batch->room = outbox_batch_size;
+	batch->progress_offset = -1;
 	batch->count = store_claim_batch(&batch->messages, &batch->full,
 									 outbox_batch_size, (int64) outbox_max_batch_kb * 1024,
 									 in_flight ? in_flight->messages : NULL,
@@ -388,6 +403,150 @@ produce_alone_refused_with_others(OutboxProducer *producer, Batch *batch,
 	return healthy;
 }
 
+/* Is the message's delivery still owed, or not to be recorded now? */
+static bool
+not_delivered(const OutboxMessage *m)
+{
+	return m->outcome == DELIVERY_RETRY || m->outcome == DELIVERY_NOT_SENT ||
+		m->outcome == DELIVERY_PENDING;
+}
+
+/*
+ * Would per-key order take back a message of the open transaction that
+ * Kafka acknowledged, since an earlier message of its key was not
+ * delivered (hold_back_behind_failures())?  Committed, it would be sent
+ * again: a duplicate.
+ */
+static bool
+holds_back_acknowledged(Batch *batch)
+{
+	HTAB	   *held = make_key_set(batch->count);
+	bool		found = false;
+
+	for (int i = 0; i < batch->count && !found; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		found = m->in_transaction && m->outcome == DELIVERY_OK && key_is_held(held, m);
+		if (not_delivered(m))
+			hold_key(held, m);
+	}
+	hash_destroy(held);
+	return found;
+}
+
+/*
+ * outbox.delivery = exactly_once: end the Kafka transaction of the batch's
+ * messages produced since the last one ended.  It is committed, with the
+ * progress record of those Kafka acknowledged, unless per-key order would
+ * take one of them back (holds_back_acknowledged()) or the producer failed;
+ * else aborted, and its messages are not sent: a read_committed consumer
+ * never sees them, and they go again in a later transaction.  A message
+ * that failed keeps its failure, to be retried or dead-lettered.  An
+ * outcome in doubt fails the producer, whose successor's start settles it
+ * (exactly_once.c).  Returns whether the producer still works.
+ */
+static bool
+end_transaction(Pipeline *p, Batch *batch, bool healthy)
+{
+	char	   *record = NULL;
+	int			record_len = 0;
+	int64		progress_offset;
+	WireTransactionOutcome outcome;
+	TimestampTz committed_at;
+
+	if (healthy && !holds_back_acknowledged(batch))
+		record = exactly_once_progress_record(batch->messages, batch->count, &record_len);
+	if (record)
+		worker_pause_if_asked(PAUSE_BEFORE_KAFKA_COMMIT, "outbox: paused before_kafka_commit");
+	outcome = producer_end_transaction(p->producer, record, record_len, &progress_offset);
+	committed_at = GetCurrentTimestamp();
+	if (outcome == TRANSACTION_COMMITTED)
+		worker_pause_if_asked(PAUSE_AFTER_KAFKA_COMMIT, "outbox: paused after_kafka_commit");
+	for (int i = 0; i < batch->count; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+
+		if (!m->in_transaction)
+			continue;
+		m->in_transaction = false;
+		if (outcome != TRANSACTION_COMMITTED &&
+			(m->outcome == DELIVERY_OK || m->outcome == DELIVERY_PENDING))
+			m->outcome = DELIVERY_NOT_SENT;
+		else if (m->outcome == DELIVERY_OK)
+			m->acked_at = committed_at; /* what a read_committed consumer sees */
+	}
+	if (outcome == TRANSACTION_COMMITTED)
+		batch->progress_offset = Max(batch->progress_offset, progress_offset);
+	return healthy && outcome != TRANSACTION_UNKNOWN;
+}
+
+/*
+ * Wait for the reports on what was produced into the open transaction, end
+ * it, and hold back the keys of those of its messages not delivered.
+ */
+static bool
+settle_transaction(Pipeline *p, Batch *batch, HTAB *held, bool healthy)
+{
+	if (healthy)
+		healthy = producer_await_deliveries(p->producer, false) == AWAIT_ALL_REPORTED;
+	for (int i = 0; i < batch->count; i++)
+		if (batch->messages[i].in_transaction)
+		{
+			healthy = end_transaction(p, batch, healthy);
+			break;
+		}
+	for (int i = 0; i < batch->count; i++)
+		if (not_delivered(&batch->messages[i]))
+			hold_key(held, &batch->messages[i]);
+	return healthy;
+}
+
+/*
+ * outbox.delivery = exactly_once: Kafka refused a record batch for one
+ * record's fault (see produce_alone_refused_with_others()), and so the
+ * whole transaction was aborted.  Produce the batch again, in its order, in
+ * transactions that hold no such message beside others: each one alone,
+ * the messages between them together.  A message whose key an earlier one
+ * holds back, not delivered, stays not sent; so does what a failed
+ * producer leaves.  Returns whether the producer still works.
+ */
+static bool
+produce_again_around_refused(Pipeline *p, Batch *batch, bool healthy)
+{
+	HTAB	   *held;
+	bool		refusals = false;
+
+	for (int i = 0; i < batch->count; i++)
+		refusals |= producer_refused_with_others(&batch->messages[i]);
+	if (!refusals || !healthy)
+		return healthy;
+
+	held = make_key_set(batch->count);
+	for (int i = 0; i < batch->count && healthy; i++)
+	{
+		OutboxMessage *m = &batch->messages[i];
+		bool		refused = producer_refused_with_others(m);
+
+		if ((!refused && m->outcome != DELIVERY_NOT_SENT) || key_is_held(held, m))
+		{
+			if (not_delivered(m))
+				hold_key(held, m);
+			continue;
+		}
+		if (refused)
+			healthy = settle_transaction(p, batch, held, healthy);
+		if (!healthy || key_is_held(held, m))
+			continue;
+		producer_produce(p->producer, m, 1);
+		if (refused)
+			healthy = settle_transaction(p, batch, held, healthy);
+	}
+	healthy = settle_transaction(p, batch, held, healthy);
+	hash_destroy(held);
+	return healthy;
+}
+
 /*
  * Keep per-key order in a batch's outcomes: once a message of a key is not
  * delivered, the later messages of that key are neither recorded as
@@ -461,6 +620,7 @@ record_outcomes(Pipeline *p, Batch *batch, TimestampTz settled_at)
 		}
 	}
 	store_record_outcomes(batch->messages, batch->count, &recorded);
+	exactly_once_note_recorded(batch->progress_offset);
 	if (!failed && recorded.delivered > 0)
 		worker_clear_error(error_before);
 	/* acknowledged: whatever an error said since the last probe, they answer */
@@ -587,7 +747,13 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension, bool late_claims)
 
 	pgstat_report_activity(STATE_RUNNING, "outbox: waiting for Kafka");
 	healthy = await_claiming_late(p, batch, late_claims && batch->extension == extension);
-	healthy = produce_alone_refused_with_others(p->producer, batch, healthy);
+	if (producer_transactional(p->producer))
+	{
+		healthy = end_transaction(p, batch, healthy);
+		healthy = produce_again_around_refused(p, batch, healthy);
+	}
+	else
+		healthy = produce_alone_refused_with_others(p->producer, batch, healthy);
 	settled_at = GetCurrentTimestamp();	/* every report of the batch is in */
 	hold_back_behind_failures(batch);
 	if (!healthy || producer_failed_fatally(p->producer))
@@ -709,6 +875,8 @@ pipeline_turn(Pipeline *p, bool late_claims, long *next_retry_ms)
 	p->claim_again = false;
 	extension = turn_in_transaction(p, next, in_flight, late_claims, next_retry_ms);
 	commit_turn_transaction(turn_context);
+	if (in_flight || next->state == BATCH_SETTLED)
+		worker_pause_if_asked(PAUSE_AFTER_RECORDED, "outbox: paused after_recorded");
 	claimed_waits = turn_after_commit(p, next, in_flight);
 
 	left_in_flight = batch_in_state(p, BATCH_IN_FLIGHT);

@@ -61,6 +61,9 @@
 #define MESSAGE_TIMEOUT_PROPERTY "message.timeout.ms"
 #define MESSAGE_TIMEOUT_ALIAS "delivery.timeout.ms"
 
+/* librdkafka's default for transaction.timeout.ms. */
+#define DEFAULT_TRANSACTION_TIMEOUT_MS 60000
+
 struct OutboxProducer
 {
 	KafkaLink  *link;			/* to the Kafka process */
@@ -80,6 +83,16 @@ struct OutboxProducer
 	int			metadata_error; /* of the last reply read */
 	int			message_timeout_ms;
 	bool		fatal;			/* a fatal error, or the process is gone */
+
+	/* outbox.delivery = exactly_once: made with a transactional.id */
+	bool		transactional;
+	char	   *progress_topic; /* the one it was made for */
+	bool		answered;		/* TRANSACTION_RESULT or PROGRESS came */
+	WireTransactionOutcome outcome; /* TRANSACTION_RESULT's */
+	int			answer_error;	/* either's error, and its reason */
+	char		answer_reason[WORKER_LAST_ERROR_LEN];
+	int64		progress_offset;	/* TRANSACTION_RESULT's; PROGRESS's start */
+	ProducerRecovery *recovery; /* where PROGRESS's records go */
 };
 
 /*
@@ -115,6 +128,33 @@ static const char *const enforced_properties[][2] = {
 };
 
 /*
+ * A transactional producer's defaults: as above, but a message times out
+ * with its transaction (librdkafka then sets message.timeout.ms to
+ * transaction.timeout.ms), since a transaction cannot wait for ever; its
+ * abort is what keeps a message that timed out from being published twice.
+ */
+static const char *const transactional_defaults[][2] = {
+	{"client.id", "postgresql-outbox"},
+	{"partitioner", "murmur2_random"},
+	{"reconnect.backoff.max.ms", "1000"},
+	{"linger.ms", "1"},
+};
+
+/*
+ * How long each step of a transactional producer's start (fencing, making
+ * the progress topic, its start record, reading the progress records) may
+ * take in the Kafka process, and how much longer the answer may take.
+ */
+#define RECOVERY_STEP_TIMEOUT_MS 30000
+#define RECOVERY_ANSWER_SLACK_MS 10000
+
+/*
+ * How long past transaction.timeout.ms a commit's answer may take: the
+ * Kafka process tries a commit that timed out a few times.
+ */
+#define TRANSACTION_ANSWER_SLACK_MS 5000
+
+/*
  * The Kafka process is gone, or has to go: every message it had in hand
  * stays to be claimed again (it may have reached Kafka: at most this batch
  * is published twice).
@@ -125,6 +165,7 @@ process_gone(void *arg)
 	OutboxProducer *producer = arg;
 
 	producer->fatal = true;
+	producer->outcome = TRANSACTION_UNKNOWN;
 	for (int i = 0; i < producer->tokens_used; i++)
 	{
 		OutboxMessage *m = producer->by_token[i];
@@ -210,6 +251,14 @@ handle_delivery(OutboxProducer *producer, WireReader *r)
 	producer->by_token[token] = NULL;
 	producer->outstanding--;
 	m->outcome = status == DELIVERY_STATUS_HELD ? DELIVERY_NOT_SENT : classify_error(err);
+
+	/*
+	 * A transactional producer's messages time out with their transaction
+	 * (a broker away for longer): that is the transaction's limit, not the
+	 * message's failure, and costs it no attempt.
+	 */
+	if (producer->transactional && err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT)
+		m->outcome = DELIVERY_NOT_SENT;
 	m->error_code = err;
 	m->error = rd_kafka_err2str(err);
 	m->partition = partition;
@@ -257,6 +306,59 @@ handle_error(OutboxProducer *producer, KafkaLink *link, WireReader *r)
 	worker_report_error(DEBUG1, "%s", text);
 }
 
+/* An answer's error and reason, scrubbed. */
+static void
+take_answer_error(OutboxProducer *producer, KafkaLink *link, WireReader *r)
+{
+	int32		reason_len;
+	const char *reason;
+
+	producer->answer_error = wire_i32(r);
+	reason = wire_string(r, &reason_len);
+	strlcpy(producer->answer_reason, kafka_link_scrubbed(link, reason, reason_len),
+			sizeof(producer->answer_reason));
+}
+
+static void
+handle_transaction_result(OutboxProducer *producer, KafkaLink *link, WireReader *r)
+{
+	producer->outcome = wire_u8(r);
+	take_answer_error(producer, link, r);
+	producer->progress_offset = wire_i64(r);
+	producer->answered = !r->failed;
+	if (producer->outcome == TRANSACTION_UNKNOWN)
+		producer->fatal = true;
+}
+
+/* PROGRESS: RECOVER's answer; its records go to producer->recovery. */
+static void
+handle_progress(OutboxProducer *producer, KafkaLink *link, WireReader *r)
+{
+	ProducerRecovery *recovery = producer->recovery;
+	uint32		count;
+
+	if (recovery == NULL)
+		return;					/* an answer that came after its wait gave up */
+	take_answer_error(producer, link, r);
+	producer->progress_offset = wire_i64(r);
+	recovery->gone = wire_i64(r);
+	count = wire_u32(r);
+	for (uint32 i = 0; i < count && !r->failed; i++)
+	{
+		int32		len;
+		const char *record = wire_string(r, &len);
+
+		if (record && progress_kind(record, len) == PROGRESS_KIND_BATCH)
+		{
+			char	   *copy = MemoryContextAlloc(recovery->context, len);
+
+			memcpy(copy, record, len);
+			recovery->records = lappend(recovery->records, copy);
+		}
+	}
+	producer->answered = !r->failed;
+}
+
 /* A frame from the Kafka process that kafka_link.c does not handle itself. */
 static void
 handle_frame(void *arg, KafkaLink *link, uint8 type, WireReader *r)
@@ -275,28 +377,50 @@ handle_frame(void *arg, KafkaLink *link, uint8 type, WireReader *r)
 			producer->metadata_error = wire_i32(r);
 			producer->metadata_replies++;
 			break;
+		case WIRE_TRANSACTION_RESULT:
+			handle_transaction_result(producer, link, r);
+			break;
+		case WIRE_PROGRESS:
+			handle_progress(producer, link, r);
+			break;
 		default:
 			elog(LOG, "outbox: unknown frame type %d from the Kafka process", type);
 			break;
 	}
 }
 
-/* The value of message.timeout.ms the producer gets. */
+/* The value the producer gets of an integer property (or of its alias), or 0. */
 static int
-message_timeout_of(List *properties)
+integer_property_of(List *properties, const char *name, const char *alias)
 {
-	int			timeout_ms = 0;
+	int			value = 0;
 	ListCell   *lc;
 
 	foreach(lc, properties)
 	{
 		KafkaProperty *property = lfirst(lc);
 
-		if (strcmp(property->name, MESSAGE_TIMEOUT_PROPERTY) == 0 ||
-			strcmp(property->name, MESSAGE_TIMEOUT_ALIAS) == 0)
-			timeout_ms = atoi(property->value);
+		if (strcmp(property->name, name) == 0 ||
+			(alias && strcmp(property->name, alias) == 0))
+			value = atoi(property->value);
 	}
-	return timeout_ms;
+	return value;
+}
+
+/* The value of message.timeout.ms the producer gets. */
+static int
+message_timeout_of(List *properties)
+{
+	return integer_property_of(properties, MESSAGE_TIMEOUT_PROPERTY, MESSAGE_TIMEOUT_ALIAS);
+}
+
+/* The value of transaction.timeout.ms the producer gets. */
+static int
+transaction_timeout_of(List *properties)
+{
+	int			timeout_ms = integer_property_of(properties, "transaction.timeout.ms", NULL);
+
+	return timeout_ms > 0 ? timeout_ms : DEFAULT_TRANSACTION_TIMEOUT_MS;
 }
 
 /* Free what a producer holds; its Kafka process must be gone. */
@@ -305,26 +429,43 @@ free_producer(OutboxProducer *producer)
 {
 	if (producer->by_token)
 		pfree(producer->by_token);
+	pfree(producer->progress_topic);
 	pfree(producer);
 }
 
 /*
  * Make a producer from the current settings: start a Kafka process and
- * wait until it has made its producer.  On failure returns NULL with the
- * reason in errbuf.
+ * wait until it has made its producer; a transactional one, with this
+ * transactional.id, if it is not NULL (producer_recover() must then come
+ * first).  On failure returns NULL with the reason in errbuf.
  */
 OutboxProducer *
-producer_create(char *errbuf, size_t errlen)
+producer_create(const char *transactional_id, char *errbuf, size_t errlen)
 {
-	List	   *properties = kafka_link_properties(default_properties,
-												   lengthof(default_properties),
-												   enforced_properties,
-												   lengthof(enforced_properties));
+	bool		transactional = transactional_id != NULL;
+	List	   *properties = transactional ?
+		kafka_link_properties(transactional_defaults, lengthof(transactional_defaults),
+							  enforced_properties, lengthof(enforced_properties)) :
+		kafka_link_properties(default_properties, lengthof(default_properties),
+							  enforced_properties, lengthof(enforced_properties));
 	OutboxProducer *producer;
+
+	/* outbox.kafka_properties' check refuses it, but for one set at server start */
+	if (settings_kafka_property_set(properties, "transactional.id"))
+	{
+		snprintf(errbuf, errlen, "outbox.kafka_properties cannot set transactional.id (see outbox.delivery)");
+		return NULL;
+	}
+	if (transactional)
+		kafka_link_append_property(&properties, "transactional.id", transactional_id);
 
 	/* it lives from turn to turn, until the worker destroys it */
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(OutboxProducer));
 	producer->message_timeout_ms = message_timeout_of(properties);
+	producer->transactional = transactional;
+	producer->progress_topic = MemoryContextStrdup(TopMemoryContext, outbox_progress_topic);
+	if (transactional && producer->message_timeout_ms == 0)
+		producer->message_timeout_ms = transaction_timeout_of(properties);
 
 	producer->link = kafka_link_start("the Kafka process", WIRE_CONFIGURE, properties,
 									  handle_frame, process_gone, producer,
@@ -345,11 +486,120 @@ producer_destroy(OutboxProducer *producer)
 	free_producer(producer);
 }
 
-/* Do outbox.brokers or outbox.kafka_properties differ from the producer's? */
+/*
+ * Do outbox.brokers, outbox.kafka_properties, outbox.delivery or (for a
+ * transactional producer) outbox.progress_topic differ from the producer's?
+ */
 bool
 producer_settings_changed(OutboxProducer *producer)
 {
-	return kafka_link_settings_changed(producer->link);
+	return kafka_link_settings_changed(producer->link) ||
+		producer->transactional != (outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE) ||
+		(producer->transactional && strcmp(producer->progress_topic, outbox_progress_topic) != 0);
+}
+
+bool
+producer_transactional(OutboxProducer *producer)
+{
+	return producer->transactional;
+}
+
+/*
+ * Wait until the Kafka process answers (TRANSACTION_RESULT or PROGRESS),
+ * reading the frames that come before it, or until it is gone or the
+ * deadline passes, which a shutdown brings to SHUTDOWN_GRACE_MS.  Returns
+ * whether it answered.
+ */
+static bool
+await_answer(OutboxProducer *producer, long timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+
+	while (!producer->answered && kafka_link_alive(producer->link))
+	{
+		long		left;
+
+		if (ShutdownRequestPending)
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																 SHUTDOWN_GRACE_MS));
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+			return false;
+		if (kafka_link_wait(producer->link, WL_SOCKET_READABLE, left) & WL_SOCKET_READABLE)
+			kafka_link_read_available(producer->link);
+	}
+	return producer->answered;
+}
+
+/*
+ * A transactional producer's start (kafka_wire.h, "Transactions"): fence
+ * the earlier producers of its transactional.id, and read the progress
+ * records of the transactions they committed, from from_offset (-1 for
+ * none), into recovery, with the offset the next start reads from.  On
+ * failure returns false with the reason in errbuf; the producer is then to
+ * be destroyed.
+ */
+bool
+producer_recover(OutboxProducer *producer, int64 from_offset, ProducerRecovery *recovery,
+				 char *errbuf, size_t errlen)
+{
+	StringInfoData frame;
+
+	Assert(producer->transactional);
+	initStringInfo(&frame);
+	kafka_link_begin_frame(&frame, WIRE_RECOVER);
+	kafka_link_put_string(&frame, producer->progress_topic);
+	kafka_link_put_i64(&frame, from_offset);
+	kafka_link_put_i32(&frame, RECOVERY_STEP_TIMEOUT_MS);
+	producer->answered = false;
+	producer->recovery = recovery;
+	kafka_link_send(producer->link, &frame);
+	pfree(frame.data);
+
+	if (!await_answer(producer, 4 * RECOVERY_STEP_TIMEOUT_MS + RECOVERY_ANSWER_SLACK_MS))
+		snprintf(errbuf, errlen, "the Kafka process did not answer");
+	else if (producer->answer_error != RD_KAFKA_RESP_ERR_NO_ERROR)
+		snprintf(errbuf, errlen, "%s", producer->answer_reason);
+	producer->recovery = NULL;
+	if (!producer->answered || producer->answer_error != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return false;
+	recovery->start_offset = producer->progress_offset;
+	return true;
+}
+
+/*
+ * End the open transaction: commit it with this progress record, or abort
+ * it (record NULL).  Delivery reports still owed are read meanwhile.
+ * Returns how it ended; TRANSACTION_UNKNOWN also when the Kafka process
+ * died or did not answer, and the producer is then failed.  Sets
+ * *progress_offset for a commit.
+ */
+WireTransactionOutcome
+producer_end_transaction(OutboxProducer *producer, const char *record, int record_len,
+						 int64 *progress_offset)
+{
+	StringInfoData frame;
+
+	initStringInfo(&frame);
+	kafka_link_begin_frame(&frame, WIRE_END_TRANSACTION);
+	kafka_link_put_u8(&frame, record != NULL);
+	kafka_link_put_bytes(&frame, record, record ? record_len : -1);
+	producer->answered = false;
+	kafka_link_send(producer->link, &frame);
+	pfree(frame.data);
+
+	if (!await_answer(producer, producer->message_timeout_ms + TRANSACTION_ANSWER_SLACK_MS))
+	{
+		producer->fatal = true;
+		producer->outcome = TRANSACTION_UNKNOWN;
+		worker_report_error(LOG, "the Kafka process did not say how the transaction ended: the next producer's start will");
+	}
+	else if (record != NULL && producer->outcome != TRANSACTION_COMMITTED)
+		worker_report_error(LOG, "the Kafka transaction was %s: %s",
+							producer->outcome == TRANSACTION_ABORTED ? "aborted" :
+							"left in doubt", producer->answer_reason);
+	*progress_offset = producer->progress_offset;
+	return producer->outcome;
 }
 
 bool
@@ -484,6 +734,7 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 		kafka_link_put_bytes(&frame, m->payload, m->payload ? (int32) m->payload_len : -1);
 		put_headers(&frame, m);
 		m->outcome = DELIVERY_PENDING;
+		m->in_transaction = producer->transactional;
 		producer->outstanding++;
 	}
 	kafka_link_send(producer->link, &frame);

@@ -22,7 +22,27 @@ typedef enum AwaitResult
 	AWAIT_WOKEN					/* the latch was set first */
 } AwaitResult;
 
-extern OutboxProducer *producer_create(char *errbuf, size_t errlen);
+/*
+ * What a transactional producer's start found (producer_recover()): the
+ * progress records, each a palloc'd copy in context, of the transactions
+ * Kafka committed since from_offset; the offset the next start reads from;
+ * and how many records retention removed that it should have read.
+ */
+typedef struct ProducerRecovery
+{
+	MemoryContext context;
+	List	   *records;
+	int64		start_offset;
+	int64		gone;
+} ProducerRecovery;
+
+extern OutboxProducer *producer_create(const char *transactional_id, char *errbuf, size_t errlen);
+extern bool producer_transactional(OutboxProducer *producer);
+extern bool producer_recover(OutboxProducer *producer, int64 from_offset,
+							 ProducerRecovery *recovery, char *errbuf, size_t errlen);
+extern WireTransactionOutcome producer_end_transaction(OutboxProducer *producer,
+													   const char *record, int record_len,
+													   int64 *progress_offset);
 extern void producer_destroy(OutboxProducer *producer);
 extern bool producer_settings_changed(OutboxProducer *producer);
 extern bool producer_failed_fatally(OutboxProducer *producer);

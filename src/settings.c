@@ -25,6 +25,7 @@
 #include "utils/memutils.h"
 #include "utils/varlena.h"
 
+#include "kafka_wire.h"
 #include "settings.h"
 #include "trace_context.h"
 
@@ -57,6 +58,22 @@ char	   *outbox_synchronized_standby_slots = NULL;
 #define MAX_CLAIM_SNAPSHOT_DELAY_MS 1000
 #define MAX_MAX_WORKERS 1024
 #define MAX_MAX_SUBSCRIPTIONS 10000
+
+int			outbox_delivery = OUTBOX_DELIVERY_AT_LEAST_ONCE;
+char	   *outbox_progress_topic = NULL;
+
+/*
+ * The default progress topic: one topic for every database of every
+ * cluster that publishes to the brokers; each record is keyed by its
+ * publisher's transactional.id.
+ */
+#define DEFAULT_PROGRESS_TOPIC "outbox-progress"
+
+static const struct config_enum_entry delivery_options[] = {
+	{"at_least_once", OUTBOX_DELIVERY_AT_LEAST_ONCE, false},
+	{"exactly_once", OUTBOX_DELIVERY_EXACTLY_ONCE, false},
+	{NULL, 0, false}
+};
 
 int			outbox_batch_size = DEFAULT_BATCH_SIZE;
 int			outbox_max_batch_kb = DEFAULT_MAX_BATCH_KB;
@@ -108,6 +125,7 @@ static void define_settings(void);
 static bool check_kafka_properties(char **newval, void **extra, GucSource source);
 static bool check_database_list(char **newval, void **extra, GucSource source);
 static bool check_standby_slot_list(char **newval, void **extra, GucSource source);
+static bool check_progress_topic(char **newval, void **extra, GucSource source);
 static const char *show_kafka_properties(void);
 static void hide_kafka_properties_in_log(ErrorData *edata);
 
@@ -299,6 +317,23 @@ define_publisher_loop_settings(void)
 							   "",
 							   PGC_SIGHUP, GUC_LIST_INPUT,
 							   check_standby_slot_list, NULL, NULL);
+
+	/* docs/exactly-once.md, and exactly_once.c */
+	DefineCustomEnumVariable("outbox.delivery",
+							 "How often a committed message reaches a read_committed consumer: at_least_once, or exactly_once.",
+							 "exactly_once publishes each batch as a Kafka transaction, whose outcome the worker learns after any crash. "
+							 "Consumers must read with isolation.level=read_committed.",
+							 &outbox_delivery,
+							 OUTBOX_DELIVERY_AT_LEAST_ONCE, delivery_options,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.progress_topic",
+							   "The Kafka topic where, with outbox.delivery = exactly_once, each transaction records the messages it holds.",
+							   "Made with one partition if it does not exist. Shared by every database that publishes to the same brokers.",
+							   &outbox_progress_topic,
+							   DEFAULT_PROGRESS_TOPIC,
+							   PGC_SIGHUP, 0,
+							   check_progress_topic, NULL, NULL);
 }
 
 /*
@@ -713,6 +748,14 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 	 */
 	if (process_shared_preload_libraries_in_progress)
 		return true;
+	if (settings_kafka_property_set(properties, "transactional.id"))
+	{
+		GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
+		GUC_check_errmsg("invalid value for parameter \"%s\": transactional.id cannot be set",
+						 "outbox.kafka_properties");
+		GUC_check_errhint("Set outbox.delivery = 'exactly_once' instead: the worker then gives each database's producer a transactional.id of its own.");
+		return false;
+	}
 	if ((unknown = unknown_kafka_property(properties)) == NULL)
 		return true;
 
@@ -720,6 +763,37 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 	GUC_check_errmsg("invalid value for parameter \"%s\": librdkafka has no property \"%s\"",
 					 "outbox.kafka_properties", unknown);
 	GUC_check_errhint("The names are those of librdkafka's CONFIGURATION.md, for a producer or a topic, such as linger.ms or compression.codec.");
+	return false;
+}
+
+/* Does the list of properties set this one? */
+bool
+settings_kafka_property_set(List *properties, const char *name)
+{
+	ListCell   *lc;
+
+	foreach(lc, properties)
+		if (strcmp(((KafkaProperty *) lfirst(lc))->name, name) == 0)
+			return true;
+	return false;
+}
+
+/* outbox.progress_topic must be a name Kafka accepts for a topic. */
+static bool
+check_progress_topic(char **newval, void **extra, GucSource source)
+{
+	const char *name = *newval;
+	size_t		len = strlen(name);
+	bool		valid = len > 0 && len <= KAFKA_MAX_TOPIC_LENGTH &&
+		strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+
+	for (size_t i = 0; valid && i < len; i++)
+		valid = kafka_topic_char(name[i]);
+	if (valid)
+		return true;
+	GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
+	GUC_check_errdetail("A Kafka topic name is 1 to %d characters of [a-zA-Z0-9._-], and not \".\" or \"..\".",
+						KAFKA_MAX_TOPIC_LENGTH);
 	return false;
 }
 

@@ -34,6 +34,16 @@ extern int	outbox_max_subscriptions;
 extern int	outbox_inbox_handler_timeout;
 extern int	outbox_inbox_turn_time;
 
+/* outbox.delivery */
+typedef enum OutboxDelivery
+{
+	OUTBOX_DELIVERY_AT_LEAST_ONCE,
+	OUTBOX_DELIVERY_EXACTLY_ONCE
+} OutboxDelivery;
+
+extern int	outbox_delivery;
+extern char *outbox_progress_topic;
+
 /* One name=value item of outbox.kafka_properties. */
 typedef struct KafkaProperty
 {
@@ -43,6 +53,7 @@ typedef struct KafkaProperty
 
 extern void settings_init(void);
 extern bool kafka_properties_split(const char *setting, List **properties);
+extern bool settings_kafka_property_set(List *properties, const char *name);
 extern char *settings_scrub_secrets(const char *text, const char *kafka_properties);
 extern bool settings_database_allowed(const char *name);
 extern bool settings_database_list_deprecated(void);

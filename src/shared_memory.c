@@ -78,6 +78,7 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u64(&slot->retries_scheduled, 0);
 			pg_atomic_init_u64(&slot->dead_lettered, 0);
 			pg_atomic_init_u32(&slot->fatal_error_drill, 0);
+			pg_atomic_init_u32(&slot->pause_drill, 0);
 			pg_atomic_init_u64(&slot->committed_below, NO_ID);
 			pg_atomic_init_u64(&slot->prepared_below, NO_ID);
 			pg_atomic_init_u64(&slot->commits_woken, 0);

@@ -66,6 +66,7 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 retries_scheduled;
 	pg_atomic_uint64 dead_lettered;
 	pg_atomic_uint32 fatal_error_drill; /* see outbox_simulate_fatal_error() */
+	pg_atomic_uint32 pause_drill;	/* see outbox_simulate_pause() */
 	pg_atomic_uint64 committed_below;	/* lowest id of a commit report
 										 * handed over since the worker last
 										 * looked, or NO_ID (commit_report.c) */

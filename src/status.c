@@ -30,6 +30,7 @@
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_launcher_status);
 PG_FUNCTION_INFO_V1(outbox_simulate_fatal_error);
+PG_FUNCTION_INFO_V1(outbox_simulate_pause);
 PG_FUNCTION_INFO_V1(inbox_worker_status);
 
 /* The columns of outbox_worker_status(), as the install script declares them. */
@@ -271,6 +272,35 @@ inbox_worker_status(PG_FUNCTION_ARGS)
 				   s.last_error, s.last_error_at);
 	put_row(rsinfo, &row);
 	return (Datum) 0;
+}
+
+/*
+ * Ask the publishers to pause at a point of their next batch under
+ * outbox.delivery = exactly_once, or let a paused one go on ('none'): a
+ * fault drill, so that a test (or an operator rehearsing one) can crash a
+ * publisher, its Kafka process, the server or a broker at that point.
+ */
+Datum
+outbox_simulate_pause(PG_FUNCTION_ARGS)
+{
+	static const char *const points[] = {
+		[PAUSE_NONE] = "none",
+		[PAUSE_BEFORE_KAFKA_COMMIT] = "before_kafka_commit",
+		[PAUSE_AFTER_KAFKA_COMMIT] = "after_kafka_commit",
+		[PAUSE_AFTER_RECORDED] = "after_recorded",
+	};
+	char	   *point = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+	for (int i = 0; i < (int) lengthof(points); i++)
+		if (strcmp(point, points[i]) == 0)
+		{
+			worker_request_pause((WorkerPausePoint) i);
+			PG_RETURN_VOID();
+		}
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown pause point \"%s\"", point),
+			 errhint("The points are before_kafka_commit, after_kafka_commit, after_recorded and none.")));
 }
 
 /*

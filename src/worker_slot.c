@@ -38,8 +38,10 @@
 #include "postgres.h"
 
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "port/atomics.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
@@ -279,6 +281,24 @@ worker_request_fatal_error_drill(void)
 		OutboxWorkerSlot *slot = &outbox_shared->slots[i];
 
 		pg_atomic_write_u32(&slot->fatal_error_drill, 1);
+		wake(slot);
+	}
+}
+
+/*
+ * Ask every publisher to pause at this point of its next batch, or (with
+ * PAUSE_NONE) let a paused one go on.  A publisher that paused marks its
+ * drill PAUSE_PAUSED, which no point matches: a publisher started after a
+ * crash at the pause does not pause again.
+ */
+void
+worker_request_pause(WorkerPausePoint point)
+{
+	for (int i = 0; i < outbox_shared->slot_count; i++)
+	{
+		OutboxWorkerSlot *slot = &outbox_shared->slots[i];
+
+		pg_atomic_write_u32(&slot->pause_drill, point);
 		wake(slot);
 	}
 }
@@ -543,6 +563,32 @@ worker_count_outcomes(uint64 published, uint64 retries_scheduled, uint64 dead_le
 		my_slot->last_publish_at = now;
 		SpinLockRelease(&my_slot->mutex);
 	}
+}
+
+/*
+ * Pause here if outbox_simulate_pause() asked for this point: say so in
+ * pg_stat_activity, and wait until it lets the publisher go on, or for
+ * PAUSE_MAX_MS, or until the publisher is asked to stop.  So a test can
+ * crash it, or its Kafka process, at that very point.
+ */
+void
+worker_pause_if_asked(WorkerPausePoint point, const char *activity)
+{
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), PAUSE_MAX_MS);
+	uint32		expected = point;
+
+	if (!pg_atomic_compare_exchange_u32(&my_slot->pause_drill, &expected, PAUSE_PAUSED))
+		return;
+	pgstat_report_activity(STATE_RUNNING, activity);
+	while (pg_atomic_read_u32(&my_slot->pause_drill) == PAUSE_PAUSED &&
+		   !ShutdownRequestPending && GetCurrentTimestamp() < until)
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 PAUSE_POLL_MS, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	pg_atomic_write_u32(&my_slot->pause_drill, PAUSE_NONE);
+	SetLatch(MyLatch);			/* a wake reset meanwhile is not lost */
 }
 
 /* Has a fatal error drill been asked for since the last call? */

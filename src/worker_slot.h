@@ -14,6 +14,25 @@
 
 #include "slot_state.h"
 
+/*
+ * Where outbox_simulate_pause() can hold a publisher (outbox.delivery =
+ * exactly_once): with a batch's messages acknowledged, before its Kafka
+ * transaction commits; once it committed, before the database records it;
+ * once recorded, before the next batch is produced.
+ */
+typedef enum WorkerPausePoint
+{
+	PAUSE_NONE = 0,
+	PAUSE_BEFORE_KAFKA_COMMIT,
+	PAUSE_AFTER_KAFKA_COMMIT,
+	PAUSE_AFTER_RECORDED,
+	PAUSE_PAUSED				/* a publisher is paused */
+} WorkerPausePoint;
+
+/* How long a pause lasts at most, and how often it looks whether it is over. */
+#define PAUSE_MAX_MS 60000
+#define PAUSE_POLL_MS 10
+
 /* In any backend. */
 extern int	worker_slot_count(void);
 extern bool worker_slot_read(int slot, WorkerStatus *status);
@@ -24,6 +43,7 @@ extern bool worker_database_served(Oid database);
 extern void worker_lower_claim_floor(Oid database, int64 lowest, bool prepared);
 extern void worker_note_delayed_message(Oid database, TimestampTz due);
 extern void worker_request_fatal_error_drill(void);
+extern void worker_request_pause(WorkerPausePoint point);
 
 /* In the launcher, about the slots it hands out. */
 extern int	worker_slot_assign(Oid database, uint32 *generation);
@@ -48,6 +68,7 @@ extern void worker_clear_error(uint64 mark);
 extern void worker_count_outcomes(uint64 published, uint64 retries_scheduled,
 								  uint64 dead_lettered);
 extern bool worker_take_fatal_error_drill(void);
+extern void worker_pause_if_asked(WorkerPausePoint point, const char *activity);
 extern int64 worker_take_claim_floor_request(void);
 extern TimestampTz worker_take_delayed_due(void);
 extern void worker_hold_claim_floor(int64 lowest);

@@ -120,8 +120,16 @@ B1B_WAYS = {
         " SELECT 'bench.b1b', 'key-' || i % 1000, convert_to(({payload})::text, 'UTF8') FROM {rows}",
 }
 B1B_PLAIN = "INSERT INTO plain_message (no trigger)"
+# B12: what exactly-once publication costs: B2's drain (ours) and B3's loads
+# (pgbench -R) at 1,000 and 10,000 msg/s, quiet and under B3BG's
+# background, with outbox.delivery at_least_once, then exactly_once, in the
+# same run.  Targets: the drain at least 0.7 of at_least_once's, the p99 at
+# 1,000 msg/s at most 10 ms above it.
+B12 = {"variants": ("at_least_once", "exactly_once"), "wheres": ("quiet", "background"),
+       "drain_ratio": 0.7, "p99_over_ms": 10}
 # The parts, in the order they run.
-PARTS = ("B2", "B1", "B1R", "B1B", "B1D", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10", "B11")
+PARTS = ("B2", "B1", "B1R", "B1B", "B1D", "B3", "B3BG", "B4", "B5", "B6", "B7", "B8", "B8BG", "B9", "B10", "B11",
+         "B12")
 # B10: small business transactions, each one keyed outbox_enqueue() of a key
 # of its own, one after another (a pause of "pause" seconds between them)
 # for "seconds"; first with nothing else open, then while a bulk transaction
@@ -1861,6 +1869,75 @@ class Bench:
                          f"{on['p50']:,.1f}", f"{on['p99']:,.1f}", f"{on['p99'] / off['p99']:.2f}"))
         return out + table(rows)
 
+    # B12 ---------------------------------------------------------------------
+
+    def b12(self):
+        """B2's drain and B3's loads, quiet and under background(), with each
+        of B12's outbox.delivery variants in turn."""
+        result = {"drain": {}, "latency": {}}
+        try:
+            with self.background_prepared():
+                self.clean()
+                for variant in B12["variants"]:
+                    self.reload_setting("outbox.delivery", variant)
+                    result["drain"][variant] = self.b12_drain(variant)
+                    for where in B12["wheres"]:
+                        for rate in B3_RATES:
+                            result["latency"][(variant, where, rate)] = self.b12_load(variant, where, rate)
+        finally:
+            self.reload_setting("outbox.delivery", None, "at_least_once")
+        self.results["b12"] = result
+
+    def b12_drain(self, variant):
+        n = self.size["backlog"]
+        topic = f"bench.b12.{variant}.drain"
+        self.worker.pause()
+        self.fill_backlog("ours", topic)
+        self.worker.resume()
+        rate, _ = self.watch_drain("ours", topic, n)
+        self.worker.wait_drained(120)
+        self.check_topic("ours", topic, n)
+        progress(f"B12 {variant}: drain {rate:,.0f} msg/s")
+        self.clean()
+        return rate
+
+    def b12_load(self, variant, where, rate):
+        what = f"B12 {variant}, {where}, at {rate}/s"
+        background = self.background if where == "background" else contextlib.nullcontext
+        with background():
+            run, = self.latency_loads(what, [(self.db, "ours", f"bench.b12.{variant}.{where}.{rate}",
+                                              rate, B3_RATES[rate])],
+                                      self.size["b3_seconds"])
+        progress(f"{what}: " + latency_summary(run))
+        self.clean()
+        return run
+
+    @staticmethod
+    def b12_report(b12, seconds):
+        out = ["", "B12 exactly-once publication: B2's drain (ours), and B3's loads (pgbench -R, %d s"
+                   " after %.0f s of warm-up) quiet and under B3BG's background, with outbox.delivery ="
+                   " at_least_once, then exactly_once" % (seconds, WARMUP)]
+        least, once = B12["variants"]
+        drain = b12["drain"]
+        rows = [("measure", least, once, "exactly_once vs at_least_once", "target", "met")]
+        ratio = drain[once] / drain[least]
+        rows.append(("B2 drain, msg/s", f"{drain[least]:,.0f}", f"{drain[once]:,.0f}", f"{ratio:.2f}",
+                     f">= {B12['drain_ratio']}", "yes" if ratio >= B12["drain_ratio"] else "no"))
+        for where in B12["wheres"]:
+            for rate in B3_RATES:
+                a, e = (b12["latency"][(v, where, rate)] for v in B12["variants"])
+                if not (a["kept_up"] and e["kept_up"]):
+                    rows.append((f"B3 {rate:,} msg/s {where}", "behind" if not a["kept_up"] else "",
+                                 "behind" if not e["kept_up"] else "", "", "", ""))
+                    continue
+                for p in ("p50", "p99"):
+                    target = p == "p99" and rate == 1000
+                    over = e[p] - a[p]
+                    rows.append((f"B3 {rate:,} msg/s {where}, {p} ms", f"{a[p]:,.1f}", f"{e[p]:,.1f}",
+                                 f"{over:+.1f}", f"<= +{B12['p99_over_ms']}" if target else "",
+                                 ("yes" if over <= B12["p99_over_ms"] else "no") if target else ""))
+        return out + table(rows)
+
     # B9 ----------------------------------------------------------------------
 
     def b9(self):
@@ -2404,6 +2481,8 @@ class Bench:
             out += self.b10_report(b10)
         if self.results.get("b11"):
             out += [""] + self.results["b11"]
+        if self.results.get("b12"):
+            out += self.b12_report(self.results["b12"], self.size["b3_seconds"])
         out += ["", "time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)]
         print("\n".join(out), flush=True)
 
@@ -2618,7 +2697,10 @@ def main():
                               + [f"bench.b6.{d}" for d in [bench.db.name] + args.more_databases]
                               + [f"bench.b6.one.{n}" for n in range(1, len(args.more_databases) + 2)]
                               + [f"bench.b7.{v}.{r}" for v in B7["variants"] for r in B3_RATES]
-                              + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"], B10["topic"]])
+                              + [f"bench.{b}.{p}" for b in ("b8", "b8bg") for p in B8_PEERS] + [B9["topic"], B10["topic"]]
+                              + [f"bench.b12.{v}.drain" for v in B12["variants"]]
+                              + [f"bench.b12.{v}.{w}.{r}" for v in B12["variants"] for w in B12["wheres"]
+                                 for r in B3_RATES])
     runs = {"B2": ("B2 drain", bench.b2), "B1": ("B1 enqueue", bench.b1),
             "B1R": ("B1R enqueue at fixed rates", bench.b1r),
             "B1B": ("B1B bulk enqueue", bench.b1b),
@@ -2629,7 +2711,8 @@ def main():
             "B8": ("B8 end to end", bench.b8), "B8BG": ("B8BG end to end under background activity", bench.b8bg),
             "B9": ("B9 consume", bench.b9),
             "B10": ("B10 enqueue beside a bulk transaction", bench.b10),
-            "B11": ("B11 a slow handler beside another subscription", bench.b11)}
+            "B11": ("B11 a slow handler beside another subscription", bench.b11),
+            "B12": ("B12 exactly-once publication", bench.b12)}
     # B4 only with --soak, B1D only when named
     chosen = args.only or [part for part in PARTS if part not in ("B4", "B1D") or (part == "B4" and args.soak)]
     try:

@@ -4,12 +4,15 @@
 # test/kafka/cluster.sh runs three of these as one cluster.
 #
 # usage: broker.sh fetch|start|stop|kill|freeze|thaw|pid|status|wait|new-cluster-id
+#        broker.sh console-consumer ARGS...
 #   start             format (once) and start the node, wait until it serves
 #   stop              controlled shutdown (SIGTERM), wait for the exit
 #   kill              SIGKILL, wait for the exit
 #   freeze, thaw      SIGSTOP, SIGCONT: the node hangs, alive but silent
 #   pid               print the node's pid
 #   new-cluster-id    print a fresh cluster id, for KAFKA_CLUSTER_ID
+#   console-consumer  run Apache Kafka's own kafka-console-consumer (its
+#                     kafka-tools jar, which fetch fetches too) with ARGS
 #   KAFKA_PORT        client port, loopback only (default 19092); controller = +1
 #   KAFKA_NODE_ID     node.id (default 1)
 #   KAFKA_VOTERS      the controller quorum, id@host:port,... (static, as
@@ -55,32 +58,49 @@ need() {
     command -v "$cmd" >/dev/null || { say "installing $*"; apt-get install -y -q "$@" >&2; }
 }
 
-fetch() {
-    [ -d "$LIBS" ] && return 0
+# Fetch the runtime jars of these Maven dependencies (groupId:artifactId:version
+# each) into dir, unless it is there: for a pom named name.  Copied into a
+# temporary dir and renamed, so that an interrupted fetch is redone.
+maven_fetch() {
+    local name=$1 dir=$2 dependency group artifact version; shift 2
+    [ -d "$dir" ] && return 0
     need mvn maven default-jre-headless
     mkdir -p "$CACHE"
-    # kafka_2.13 leaves the logging backend to the distribution, so add log4j2
-    # and its binding for the slf4j 1.7 API the broker logs through.
-    cat >"$CACHE/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>outbox.test</groupId>
-  <artifactId>kafka-broker</artifactId>
-  <version>1</version>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>2.24.3</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>2.24.3</version></dependency>
-  </dependencies>
-</project>
-EOF
-    say "fetching kafka_2.13:$KAFKA_VERSION jars into $LIBS"
-    # Copy into a temporary dir and rename, so an interrupted fetch is redone.
-    rm -rf "$LIBS.tmp"
-    mvn -q -B -f "$CACHE/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-        -DoutputDirectory="$LIBS.tmp" >"$CACHE/mvn.out" 2>&1 ||
-        { cat "$CACHE/mvn.out" >&2; die "mvn failed"; }
-    mv "$LIBS.tmp" "$LIBS"
+    {
+        echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        echo "<groupId>outbox.test</groupId><artifactId>$name</artifactId><version>1</version><dependencies>"
+        for dependency in "$@"; do
+            IFS=: read -r group artifact version <<<"$dependency"
+            echo "<dependency><groupId>$group</groupId><artifactId>$artifact</artifactId><version>$version</version></dependency>"
+        done
+        echo '</dependencies></project>'
+    } >"$CACHE/$name.pom.xml"
+    say "fetching $* into $dir"
+    rm -rf "$dir.tmp"
+    mvn -q -B -f "$CACHE/$name.pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory="$dir.tmp" >"$CACHE/$name.mvn.out" 2>&1 ||
+        { cat "$CACHE/$name.mvn.out" >&2; die "mvn failed"; }
+    mv "$dir.tmp" "$dir"
+}
+
+# kafka_2.13 leaves the logging backend to the distribution, so add log4j2
+# and its binding for the slf4j 1.7 API the broker logs through.
+fetch() {
+    maven_fetch kafka-broker "$LIBS" "org.apache.kafka:kafka_2.13:$KAFKA_VERSION" \
+        org.apache.logging.log4j:log4j-core:2.24.3 org.apache.logging.log4j:log4j-slf4j-impl:2.24.3
+}
+
+# Apache Kafka's command-line tools, beside the broker's jars: a consumer no
+# one here wrote, to read what the outbox published as a Java client does.
+TOOLS=$CACHE/tools
+fetch_tools() {
+    maven_fetch kafka-tools "$TOOLS" "org.apache.kafka:kafka-tools:$KAFKA_VERSION"
+}
+
+console_consumer() {
+    fetch_tools
+    java -Xmx256m -XX:+UseSerialGC -cp "$LIBS/*:$TOOLS/*" \
+        org.apache.kafka.tools.consumer.ConsoleConsumer "$@"
 }
 
 pid_of() {
@@ -316,7 +336,7 @@ signal() {
 }
 
 case ${1:-} in
-fetch) fetch ;;
+fetch) fetch; fetch_tools ;;
 start) start ;;
 stop) stop ;;
 kill) kill9 ;;
@@ -326,5 +346,6 @@ pid) pid_of ;;
 status) running ;;
 wait) wait_ready ;;
 new-cluster-id) new_cluster_id ;;
-*) die "usage: $0 fetch|start|stop|kill|freeze|thaw|pid|status|wait|new-cluster-id" ;;
+console-consumer) shift; console_consumer "$@" ;;
+*) die "usage: $0 fetch|start|stop|kill|freeze|thaw|pid|status|wait|new-cluster-id|console-consumer" ;;
 esac

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Read Kafka topics from the beginning and print one JSON object per message:
 #   consume.py --brokers B --topic T [--topic T2 ...] [--expect N] [--timeout S] [--idle S] [--digest]
+#              [--read-uncommitted]
 # {"topic", "partition", "offset", "key" | "key_b64", "value" | "value_b64",
 #  "headers": [[name, value], ...], "timestamp" (ms), "timestamp_type"}
 # Keys and values that are not UTF-8 come base64-encoded under *_b64; such a
@@ -12,7 +13,8 @@
 # end and nothing arrived for --idle seconds (default 3 without --expect; with
 # --expect only when given), or at --timeout (default 60). A topic that does not
 # exist counts as empty; it is picked up if it appears while we wait.
-# Only committed transactional messages are shown (librdkafka's read_committed).
+# Only committed transactional messages are shown (librdkafka's read_committed),
+# unless --read-uncommitted: then those of aborted transactions too.
 #
 # /usr/bin/python3 on purpose: confluent_kafka comes from Debian's
 # python3-confluent-kafka, which other interpreters (pyenv) do not see.
@@ -91,6 +93,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--idle", type=float)
     parser.add_argument("--digest", action="store_true", help="values as md5 and length")
+    parser.add_argument("--read-uncommitted", action="store_true",
+                        help="isolation.level=read_uncommitted")
     args = parser.parse_args()
     idle = args.idle if args.idle is not None or args.expect is not None else 3
 
@@ -99,7 +103,9 @@ def main():
     consumer = Consumer({"bootstrap.servers": args.brokers,
                          "group.id": f"consume-py-{uuid.uuid4()}",
                          "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+                         "enable.partition.eof": True,
+                         "isolation.level": "read_uncommitted" if args.read_uncommitted
+                         else "read_committed"})
     try:
         known = partitions(consumer, args.topic)
     except KafkaException as e:

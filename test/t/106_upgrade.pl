@@ -1,5 +1,5 @@
 # ALTER EXTENSION outbox UPDATE from each earlier version (0.1.0, 0.2.0,
-# 0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0) to the current one (0.9.0), with messages in
+# 0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0, 0.9.0) to the current one (0.10.0), with messages in
 # every state: pending, retrying, sent (kept under outbox.sent_retention),
 # dead-lettered and (from 0.6.0) delayed; and from 0.5.0, which has the
 # inbox, inbox rows: offsets, a message waiting to retry and a dead letter,
@@ -37,7 +37,7 @@ use PostgreSQL::Test::Utils;
 use IPC::Run;
 use Test::More;
 
-my $current = '0.9.0';
+my $current = '0.10.0';
 
 sub upgrade_from
 {
@@ -425,5 +425,5 @@ $node->stop('fast');
 is(worker_exits($node), 0, 'the worker never exited');
 }
 
-upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0', '0.7.0', '0.8.0');
+upgrade_from($_) for ('0.1.0', '0.2.0', '0.3.0', '0.4.0', '0.5.0', '0.6.0', '0.7.0', '0.8.0', '0.9.0');
 done_testing();
