@@ -209,27 +209,40 @@ producer_ready(OutboxProducer *producer)
 
 /*
  * Make a producer from the current settings, a transactional one under
- * outbox.delivery = exactly_once, whose start settles what its predecessors
- * left in doubt (exactly_once.c); report why not if it fails.
+ * outbox.delivery = exactly_once; report why not if it fails.
  */
 static bool
 make_producer(Pipeline *p)
 {
-	char		reason[WORKER_LAST_ERROR_LEN] = "";
-	char	   *transactional_id = exactly_once_wanted() ? exactly_once_transactional_id() : NULL;
+	char		reason[WORKER_LAST_ERROR_LEN];
 
 	worker_report_brokers_reachable(false);
-	p->producer = producer_create(transactional_id, reason, sizeof(reason));
-	if (p->producer != NULL && transactional_id != NULL &&
-		!exactly_once_start(p->producer, transactional_id, reason, sizeof(reason)))
-	{
-		producer_destroy(p->producer);
-		p->producer = NULL;
-	}
+	p->producer = producer_create(exactly_once_wanted() ? exactly_once_transactional_id() : NULL,
+								  reason, sizeof(reason));
 	if (p->producer != NULL)
 		return true;
 	worker_report_state(WORKER_WAITING_FOR_BROKERS);
 	worker_report_error(LOG, "cannot create the Kafka producer: %s", reason);
+	return false;
+}
+
+/*
+ * A transactional producer's start, once the brokers answer: it settles
+ * what its predecessors left in doubt (exactly_once.c) before anything is
+ * claimed.  If it fails, the producer goes, and the reason is reported.
+ */
+static bool
+start_transactions(Pipeline *p)
+{
+	char		reason[WORKER_LAST_ERROR_LEN] = "";
+
+	if (exactly_once_start(p->producer, exactly_once_transactional_id(), reason, sizeof(reason)))
+		return true;
+	producer_destroy(p->producer);
+	p->producer = NULL;
+	worker_report_brokers_reachable(false);
+	worker_report_state(WORKER_WAITING_FOR_BROKERS);
+	worker_report_error(LOG, "cannot start exactly-once publishing: %s", reason);
 	return false;
 }
 
@@ -254,8 +267,8 @@ probe_brokers(Pipeline *p)
 /*
  * The producer's lifecycle, before a turn: the producer of a batch in
  * flight stays until its reports are in; otherwise one whose settings
- * changed or that failed fatally is destroyed, a new one made, and the
- * brokers asked whether they answer.  Claim nothing while Kafka cannot take
+ * changed or that failed fatally is destroyed, a new one made, the brokers
+ * asked whether they answer, and a transactional one started.  Claim nothing while Kafka cannot take
  * it, so that no attempt is spent: returns false, with *wait_ms set, then.
  */
 bool
@@ -280,6 +293,11 @@ pipeline_prepare_producer(Pipeline *p, long *wait_ms)
 	if (!worker_brokers_known_reachable() && !probe_brokers(p))
 	{
 		*wait_ms = BROKER_PROBE_INTERVAL_MS;
+		return false;
+	}
+	if (!producer_started(p->producer) && !start_transactions(p))
+	{
+		*wait_ms = outbox_poll_interval;
 		return false;
 	}
 	return true;

@@ -93,6 +93,7 @@ struct OutboxProducer
 	char		answer_reason[WORKER_LAST_ERROR_LEN];
 	int64		progress_offset;	/* TRANSACTION_RESULT's; PROGRESS's start */
 	ProducerRecovery *recovery; /* where PROGRESS's records go */
+	bool		recovered;		/* producer_recover() succeeded */
 };
 
 /*
@@ -504,6 +505,13 @@ producer_transactional(OutboxProducer *producer)
 	return producer->transactional;
 }
 
+/* May the producer take messages: not a transactional one before its start. */
+bool
+producer_started(OutboxProducer *producer)
+{
+	return !producer->transactional || producer->recovered;
+}
+
 /*
  * Wait until the Kafka process answers (TRANSACTION_RESULT or PROGRESS),
  * reading the frames that come before it, or until it is gone or the
@@ -564,6 +572,7 @@ producer_recover(OutboxProducer *producer, int64 from_offset, ProducerRecovery *
 	if (!producer->answered || producer->answer_error != RD_KAFKA_RESP_ERR_NO_ERROR)
 		return false;
 	recovery->start_offset = producer->progress_offset;
+	producer->recovered = true;
 	return true;
 }
 

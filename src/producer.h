@@ -38,6 +38,7 @@ typedef struct ProducerRecovery
 
 extern OutboxProducer *producer_create(const char *transactional_id, char *errbuf, size_t errlen);
 extern bool producer_transactional(OutboxProducer *producer);
+extern bool producer_started(OutboxProducer *producer);
 extern bool producer_recover(OutboxProducer *producer, int64 from_offset,
 							 ProducerRecovery *recovery, char *errbuf, size_t errlen);
 extern WireTransactionOutcome producer_end_transaction(OutboxProducer *producer,
