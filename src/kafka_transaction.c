@@ -45,6 +45,12 @@
 /* How long the abort of a transaction the worker left open may take. */
 #define CLOSE_ABORT_TIMEOUT_MS 1500
 
+/*
+ * What a progress record takes besides its value and key: the record's and
+ * its batch's framing, as librdkafka counts them against message.max.bytes.
+ */
+#define PROGRESS_RECORD_SLACK 128
+
 /* How long one poll of the reader waits. */
 #define READER_POLL_MS 100
 
@@ -55,6 +61,13 @@ static char *transactional_id;	/* NULL: not a transactional producer */
 static rd_kafka_conf_t *reader_conf;	/* the producer's, for the reader */
 static char *progress_topic;
 static bool transaction_open;
+
+/*
+ * How many messages one progress record lists at most, so that it stays
+ * within message.max.bytes: a batch's list is split over as many records
+ * as that takes, all in its transaction.
+ */
+static uint32_t max_entries_per_record;
 
 /* The progress record's delivery report: its opaque, and its offset. */
 static char progress_opaque;
@@ -77,6 +90,15 @@ transaction_configure(rd_kafka_conf_t *conf)
 	if ((transactional_id = strdup(value)) == NULL)
 		die("out of memory");
 	reader_conf = rd_kafka_conf_dup(conf);
+
+	len = sizeof(value);
+	if (rd_kafka_conf_get(conf, "message.max.bytes", value, &len) != RD_KAFKA_CONF_OK)
+		die("message.max.bytes has no value");
+	max_entries_per_record = (uint32_t)
+		((atol(value) - PROGRESS_HEADER_SIZE - PROGRESS_RECORD_SLACK - (long) strlen(transactional_id)) /
+		 PROGRESS_ENTRY_SIZE);
+	if (max_entries_per_record < 1)
+		max_entries_per_record = 1;
 }
 
 /* Report an rd_kafka_error_t as an ERROR frame, and free it. */
@@ -147,16 +169,45 @@ produce_progress(rd_kafka_t *rk, const void *value, size_t len)
 }
 
 /*
+ * Produce a batch's progress record, split into records of at most
+ * max_entries_per_record messages each.
+ */
+static rd_kafka_resp_err_t
+produce_progress_records(rd_kafka_t *rk, const char *value)
+{
+	uint32_t	count = (uint32_t) progress_get_le(value + 5, 4);
+	uint32_t	most = count < max_entries_per_record ? count : max_entries_per_record;
+	char	   *record = malloc(PROGRESS_HEADER_SIZE + (size_t) most * PROGRESS_ENTRY_SIZE);
+	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
+
+	if (record == NULL)
+		die("out of memory");
+	for (uint32_t done = 0; done < count && err == RD_KAFKA_RESP_ERR_NO_ERROR; done += most)
+	{
+		uint32_t	n = count - done < most ? count - done : most;
+
+		progress_header(record, PROGRESS_KIND_BATCH, n);
+		memcpy(record + PROGRESS_HEADER_SIZE,
+			   value + PROGRESS_HEADER_SIZE + (size_t) done * PROGRESS_ENTRY_SIZE,
+			   (size_t) n * PROGRESS_ENTRY_SIZE);
+		err = produce_progress(rk, record, PROGRESS_HEADER_SIZE + (size_t) n * PROGRESS_ENTRY_SIZE);
+	}
+	free(record);
+	return err;
+}
+
+/*
  * Commit the open transaction, its progress record produced first; a
  * timeout is tried again, as librdkafka asks, a few times, each within the
  * transaction's own timeout (-1).  An error that requires an abort aborts
  * it; any other leaves the outcome unknown.
  */
 static WireTransactionOutcome
-commit(rd_kafka_t *rk, const void *value, size_t len, rd_kafka_resp_err_t *code,
+commit(rd_kafka_t *rk, const char *value, size_t len, rd_kafka_resp_err_t *code,
 	   char *reason, size_t reason_len)
 {
-	rd_kafka_resp_err_t err = produce_progress(rk, value, len);
+	rd_kafka_resp_err_t err = progress_kind(value, len) == PROGRESS_KIND_BATCH ?
+		produce_progress_records(rk, value) : RD_KAFKA_RESP_ERR__BAD_MSG;
 	rd_kafka_error_t *error = NULL;
 
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)

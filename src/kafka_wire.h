@@ -26,7 +26,8 @@
  *	  RECOVER     topic, from_offset, timeout_ms: for a transactional
  *	              producer, the first frame after READY (see "Transactions")
  *	  END_TRANSACTION  commit (u8), progress record: commit the open
- *	              transaction, with this record, or (commit 0) abort it
+ *	              transaction, with this record (split into as many as
+ *	              message.max.bytes asks for), or (commit 0) abort it
  *	  (end of file: destroy the producer and exit)
  *
  *	Kafka process -> worker

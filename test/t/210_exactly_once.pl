@@ -7,6 +7,8 @@
 #   identifier>-<database oid>, a start record and records listing the
 #   messages; outbox_exactly_once says where the next start reads from;
 # - the setting is reloadable, both ways, with nothing lost or doubled;
+# - a batch's progress record larger than message.max.bytes is split over
+#   several records of its transaction;
 # - a message Kafka refuses with the messages sent with it (too large for
 #   its topic) aborts their transaction: it is dead-lettered alone, the
 #   others are published once for a read_committed consumer, while a
@@ -103,6 +105,15 @@ published_once($small, 9, 'beside a refused message');
 my $uncommitted = consume_topics(topics => [$small], idle => 3, timeout => 60, read_uncommitted => 1);
 cmp_ok(scalar(@$uncommitted), '>', 9,
 	'a read_uncommitted consumer also sees the copies of the aborted transaction');
+
+# A batch's progress record larger than message.max.bytes is split over
+# several records of its transaction (500 messages list 12,009 bytes).
+my $split = unique_topic('eos.split');
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.kafka_properties = 'message.max.bytes=3000'; SELECT pg_reload_conf();");
+enqueue($split, 1, 500);
+published_once($split, 500, 'progress records split by message.max.bytes');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.kafka_properties; SELECT pg_reload_conf();');
 
 # Refused settings and calls.
 my ($ret, $out, $err) = $node->psql('postgres',
