@@ -112,12 +112,12 @@ TAP_JOBS ?= 3
 # What every other major runs besides pg_regress and isolation when the test
 # command runs the whole suite on one (test/run-tests): the upgrades, the
 # core of publishing, the inbox, the failover to a standby, the Debezium
-# capture and its bytes, the reclaimer (a background worker the publisher
+# capture and its bytes, exactly-once publication, the reclaimer (a background worker the publisher
 # registers, with its settings set for a transaction).
 TAP_QUICK_TESTS = test/t/001_publish.pl test/t/002_order.pl test/t/004_dead_letter.pl \
 	test/t/021_fault_failover.pl test/t/106_upgrade.pl test/t/107_dump_restore.pl \
 	test/t/122_reclaimer.pl test/t/201_inbox.pl test/t/206_debezium_capture.pl \
-	test/t/208_packaging.pl test/t/209_debezium_bytes.pl
+	test/t/208_packaging.pl test/t/209_debezium_bytes.pl test/t/210_exactly_once.pl
 EXTRA_CLEAN += tmp_regress tmp_check $(EXTENSION)-*.zip
 
 PG_CONFIG ?= pg_config

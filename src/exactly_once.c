@@ -141,16 +141,20 @@ commit_transaction(MemoryContext caller)
 }
 
 /*
- * Is outbox_exactly_once there?  Not before ALTER EXTENSION UPDATE to
- * 0.10.0: the worker says so, and publishes nothing.
+ * Are the extension and its outbox_exactly_once there?  The table is not
+ * before ALTER EXTENSION UPDATE to 0.10.0: the worker says so, and
+ * publishes nothing.
  */
 static bool
-state_table_exists(char *errbuf, size_t errlen)
+state_table_ready(char *errbuf, size_t errlen)
 {
-	if (OidIsValid(get_relname_relid(STATE_TABLE, store_extension_namespace())))
+	if (!OidIsValid(store_find_extension()))
+		snprintf(errbuf, errlen, "the extension is not there");
+	else if (!OidIsValid(get_relname_relid(STATE_TABLE, store_extension_namespace())))
+		snprintf(errbuf, errlen,
+				 "outbox.delivery = exactly_once needs the extension's version 0.10.0 or later: run ALTER EXTENSION outbox UPDATE");
+	else
 		return true;
-	snprintf(errbuf, errlen,
-			 "outbox.delivery = exactly_once needs the extension's version 0.10.0 or later: run ALTER EXTENSION outbox UPDATE");
 	return false;
 }
 
@@ -256,11 +260,9 @@ exactly_once_start(OutboxProducer *producer, const char *transactional_id,
 	ListCell   *lc;
 
 	begin_transaction("outbox: reading outbox_exactly_once");
-	if (!OidIsValid(store_find_extension()) || !state_table_exists(errbuf, errlen))
+	if (!state_table_ready(errbuf, errlen))
 	{
 		commit_transaction(caller);
-		if (errbuf[0] == '\0')
-			snprintf(errbuf, errlen, "the extension is not there");
 		return false;
 	}
 	from = saved_progress_offset(transactional_id);
@@ -270,7 +272,7 @@ exactly_once_start(OutboxProducer *producer, const char *transactional_id,
 		return false;
 
 	begin_transaction("outbox: recording what Kafka committed");
-	if (!OidIsValid(store_find_extension()) || !state_table_exists(errbuf, errlen))
+	if (!state_table_ready(errbuf, errlen))
 	{
 		commit_transaction(caller);
 		return false;

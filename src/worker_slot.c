@@ -577,7 +577,9 @@ worker_pause_if_asked(WorkerPausePoint point, const char *activity)
 	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), PAUSE_MAX_MS);
 	uint32		expected = point;
 
-	if (!pg_atomic_compare_exchange_u32(&my_slot->pause_drill, &expected, PAUSE_PAUSED))
+	/* read first: a turn that no drill asked to pause takes no locked operation */
+	if (pg_atomic_read_u32(&my_slot->pause_drill) != point ||
+		!pg_atomic_compare_exchange_u32(&my_slot->pause_drill, &expected, PAUSE_PAUSED))
 		return;
 	pgstat_report_activity(STATE_RUNNING, activity);
 	while (pg_atomic_read_u32(&my_slot->pause_drill) == PAUSE_PAUSED &&
