@@ -102,12 +102,13 @@ ISOLATION = enqueue_rollback key_locks row_writer capture_settings_cache
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --temp-instance=tmp_check_iso --temp-config=$(srcdir)/test/regress.conf
 
 # Not TAP_TESTS = 1, which would make installcheck run them too.
-# The tests that stop, kill or freeze the shared broker run alone; the
-# others wait on servers far more than they compute, and run side by side.
+# The tests that stop, kill or freeze the shared broker run alone, and so
+# does 024, whose three-node cluster takes the ports of 020's; the others
+# wait on servers far more than they compute, and run side by side.
 TAP_BROKER_TESTS = test/t/003_broker_outage.pl test/t/010_fault_broker_kill.pl \
 	test/t/011_fault_broker_freeze.pl test/t/013_fault_config.pl \
 	test/t/019_fault_postmaster_death.pl test/t/022_fault_inbox.pl \
-	test/t/023_fault_exactly_once.pl
+	test/t/023_fault_exactly_once.pl test/t/024_fault_exactly_once_cluster.pl
 TAP_JOBS ?= 3
 # What every other major runs besides pg_regress and isolation when the test
 # command runs the whole suite on one (test/run-tests): the upgrades, the

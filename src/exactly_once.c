@@ -44,7 +44,6 @@
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
@@ -83,33 +82,24 @@ schema(void)
 }
 
 /*
- * The progress record of the open transaction: the messages produced in it
- * that Kafka acknowledged.  Returns NULL if there are none (the transaction
- * is then to be aborted); sets *len.
+ * The progress record of messages about to be produced into the open
+ * transaction: each one's id and message_id.  The transaction is committed
+ * only if each of them is delivered.  Sets *len.
  */
 char *
-exactly_once_progress_record(OutboxMessage *messages, int count, int *len)
+exactly_once_progress_record(const OutboxMessage *messages, int count, int *len)
 {
 	char	   *record;
 	char	   *entry;
-	uint32		listed = 0;
 
-	for (int i = 0; i < count; i++)
-		if (messages[i].in_transaction && messages[i].outcome == DELIVERY_OK)
-			listed++;
-	if (listed == 0)
-		return NULL;
-
-	*len = PROGRESS_HEADER_SIZE + listed * PROGRESS_ENTRY_SIZE;
+	*len = PROGRESS_HEADER_SIZE + count * PROGRESS_ENTRY_SIZE;
 	record = palloc(*len);
-	progress_header(record, PROGRESS_KIND_BATCH, listed);
+	progress_header(record, PROGRESS_KIND_BATCH, count);
 	entry = record + PROGRESS_HEADER_SIZE;
 	for (int i = 0; i < count; i++)
 	{
-		OutboxMessage *m = &messages[i];
+		const OutboxMessage *m = &messages[i];
 
-		if (!m->in_transaction || m->outcome != DELIVERY_OK)
-			continue;
 		progress_put_le(entry, (uint64) m->id, 8);
 		memcpy(entry + 8,
 			   DatumGetUUIDP(DirectFunctionCall1(uuid_in, CStringGetDatum(m->message_id)))->data,
@@ -120,23 +110,9 @@ exactly_once_progress_record(OutboxMessage *messages, int count, int *len)
 }
 
 static void
-begin_transaction(const char *activity)
-{
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "outbox: SPI_connect failed");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, activity);
-}
-
-static void
 commit_transaction(MemoryContext caller)
 {
-	SPI_finish();
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(caller);
+	statements_commit_transaction(caller);
 	pgstat_report_activity(STATE_IDLE, NULL);
 }
 
@@ -259,7 +235,7 @@ exactly_once_start(OutboxProducer *producer, const char *transactional_id,
 	uint64		settled = 0;
 	ListCell   *lc;
 
-	begin_transaction("outbox: reading outbox_exactly_once");
+	statements_begin_transaction("outbox: reading outbox_exactly_once");
 	if (!state_table_ready(errbuf, errlen))
 	{
 		commit_transaction(caller);
@@ -271,7 +247,7 @@ exactly_once_start(OutboxProducer *producer, const char *transactional_id,
 	if (!producer_recover(producer, from, &recovery, errbuf, errlen))
 		return false;
 
-	begin_transaction("outbox: recording what Kafka committed");
+	statements_begin_transaction("outbox: recording what Kafka committed");
 	if (!state_table_ready(errbuf, errlen))
 	{
 		commit_transaction(caller);

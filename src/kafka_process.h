@@ -87,6 +87,7 @@ extern void transaction_configure(rd_kafka_conf_t *conf);
 extern bool transaction_begin(rd_kafka_t *rk);
 extern bool transaction_note_delivery(const rd_kafka_message_t *m);
 extern void transaction_recover(rd_kafka_t *rk, WireReader *r);
+extern void transaction_progress(rd_kafka_t *rk, WireReader *r);
 extern void transaction_end(rd_kafka_t *rk, WireReader *r);
 extern void transaction_close(rd_kafka_t *rk);
 

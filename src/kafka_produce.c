@@ -635,11 +635,17 @@ producer_note_produced(void)
 	outstanding++;
 }
 
-/* RECOVER and END_TRANSACTION, for kafka_transaction.c. */
+/* RECOVER, TRANSACTION_PROGRESS and END_TRANSACTION, for kafka_transaction.c. */
 static void
 recover(WireReader *r)
 {
 	transaction_recover(rk, r);
+}
+
+static void
+transaction_progress_frame(WireReader *r)
+{
+	transaction_progress(rk, r);
 }
 
 static void
@@ -655,6 +661,7 @@ static const ModeFrame producer_frames[] = {
 	{WIRE_PURGE, purge_all},
 	{WIRE_TEST_FATAL, simulate_fatal_error},
 	{WIRE_RECOVER, recover},
+	{WIRE_TRANSACTION_PROGRESS, transaction_progress_frame},
 	{WIRE_END_TRANSACTION, end_transaction},
 };
 

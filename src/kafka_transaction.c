@@ -3,15 +3,19 @@
  * kafka_transaction.c
  *	  outbox_kafka's transactions, for a producer made with a
  *	  transactional.id (outbox.delivery = exactly_once): each batch is one
- *	  Kafka transaction that ends with a progress record, and the progress
- *	  records are read back when a producer starts.
+ *	  Kafka transaction with a progress record that lists its messages; the
+ *	  progress records are read back when a producer starts.
  *
- * A transaction begins with the first message of a PRODUCE frame after the
- * last one ended, and ends with the worker's END_TRANSACTION frame: to
- * commit, this process produces the progress record the worker built, in
- * partition 0 of the progress topic, keyed by the transactional.id, and
- * commits; or it aborts.  rd_kafka_commit_transaction() flushes first, so
- * every delivery report of the transaction is sent before its outcome.
+ * A transaction begins with the worker's first TRANSACTION_PROGRESS frame
+ * after the last one ended: the progress record the worker built for the
+ * PRODUCE frame that follows is produced at once, in partition 0 of the
+ * progress topic, keyed by the transactional.id, so that it travels with
+ * the messages it lists (its partition is registered with theirs, and its
+ * acknowledgement comes with theirs), not after them.  The transaction
+ * ends with the worker's END_TRANSACTION frame: commit or abort.  A
+ * progress record that could not be produced dooms its transaction to an
+ * abort.  rd_kafka_commit_transaction() flushes first, so every delivery
+ * report of the transaction is sent before its outcome.
  * What is said of a commit is certain but for a fatal error (the producer
  * fenced, or gone in an unknown state): the worker then makes a new
  * producer, whose RECOVER finds out.
@@ -61,6 +65,7 @@ static char *transactional_id;	/* NULL: not a transactional producer */
 static rd_kafka_conf_t *reader_conf;	/* the producer's, for the reader */
 static char *progress_topic;
 static bool transaction_open;
+static bool transaction_doomed;	/* a progress record of it was not produced */
 
 /*
  * How many messages one progress record lists at most, so that it stays
@@ -133,6 +138,7 @@ transaction_begin(rd_kafka_t *rk)
 		return false;
 	}
 	transaction_open = true;
+	transaction_doomed = false;
 	progress_offset = -1;
 	return true;
 }
@@ -196,41 +202,12 @@ produce_progress_records(rd_kafka_t *rk, const char *value)
 	return err;
 }
 
-/*
- * Commit the open transaction, its progress record produced first; a
- * timeout is tried again, as librdkafka asks, a few times, each within the
- * transaction's own timeout (-1).  An error that requires an abort aborts
- * it; any other leaves the outcome unknown.
- */
+/* Abort the open transaction; *code says if even that failed. */
 static WireTransactionOutcome
-commit(rd_kafka_t *rk, const char *value, size_t len, rd_kafka_resp_err_t *code,
-	   char *reason, size_t reason_len)
+abort_open(rd_kafka_t *rk, rd_kafka_resp_err_t *code)
 {
-	rd_kafka_resp_err_t err = progress_kind(value, len) == PROGRESS_KIND_BATCH ?
-		produce_progress_records(rk, value) : RD_KAFKA_RESP_ERR__BAD_MSG;
-	rd_kafka_error_t *error = NULL;
+	rd_kafka_error_t *error = rd_kafka_abort_transaction(rk, -1);
 
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		error = rd_kafka_error_new(err, "cannot produce the progress record: %s",
-								   rd_kafka_err2str(err));
-	else
-		for (int tries = 0;
-			 (error = rd_kafka_commit_transaction(rk, -1)) != NULL &&
-			 rd_kafka_error_is_retriable(error) && tries < COMMIT_RETRIES; tries++)
-			rd_kafka_error_destroy(error);
-	if (error == NULL)
-		return TRANSACTION_COMMITTED;
-
-	*code = rd_kafka_error_code(error);
-	snprintf(reason, reason_len, "%s", rd_kafka_error_string(error));
-	if (rd_kafka_error_is_fatal(error) ||
-		(err == RD_KAFKA_RESP_ERR_NO_ERROR && !rd_kafka_error_txn_requires_abort(error)))
-	{
-		rd_kafka_error_destroy(error);
-		return TRANSACTION_UNKNOWN;
-	}
-	rd_kafka_error_destroy(error);
-	error = rd_kafka_abort_transaction(rk, -1);
 	if (error != NULL)
 	{
 		/* not committed: the next init_transactions() aborts it for good */
@@ -241,15 +218,65 @@ commit(rd_kafka_t *rk, const char *value, size_t len, rd_kafka_resp_err_t *code,
 }
 
 /*
- * END_TRANSACTION: commit (with the progress record that follows) or abort
- * the open transaction, and say how it ended: TRANSACTION_RESULT.
+ * TRANSACTION_PROGRESS: begin a transaction if none is open, and produce the
+ * progress record of the PRODUCE frame that follows into it.  If it cannot
+ * be, the transaction is doomed: committed, it would hold messages that no
+ * progress record lists.
+ */
+void
+transaction_progress(rd_kafka_t *rk, WireReader *r)
+{
+	int32_t		len;
+	const char *value = wire_string(r, &len);
+	rd_kafka_resp_err_t err;
+
+	if (r->failed || value == NULL || progress_kind(value, len) != PROGRESS_KIND_BATCH)
+		die("malformed TRANSACTION_PROGRESS frame");
+	if (!transaction_begin(rk))
+		return;					/* reported; the PRODUCE frame fails too */
+	if ((err = produce_progress_records(rk, value)) != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		transaction_doomed = true;
+		report_text(WIRE_ERROR, err, NULL, "cannot produce the progress record");
+	}
+}
+
+/*
+ * Commit the open transaction; a timeout is tried again, as librdkafka asks,
+ * a few times, each within the transaction's own timeout (-1).  An error
+ * that requires an abort aborts it; any other leaves the outcome unknown.
+ */
+static WireTransactionOutcome
+commit(rd_kafka_t *rk, rd_kafka_resp_err_t *code, char *reason, size_t reason_len)
+{
+	rd_kafka_error_t *error;
+
+	for (int tries = 0;
+		 (error = rd_kafka_commit_transaction(rk, -1)) != NULL &&
+		 rd_kafka_error_is_retriable(error) && tries < COMMIT_RETRIES; tries++)
+		rd_kafka_error_destroy(error);
+	if (error == NULL)
+		return TRANSACTION_COMMITTED;
+
+	*code = rd_kafka_error_code(error);
+	snprintf(reason, reason_len, "%s", rd_kafka_error_string(error));
+	if (rd_kafka_error_is_fatal(error) || !rd_kafka_error_txn_requires_abort(error))
+	{
+		rd_kafka_error_destroy(error);
+		return TRANSACTION_UNKNOWN;
+	}
+	rd_kafka_error_destroy(error);
+	return abort_open(rk, code);
+}
+
+/*
+ * END_TRANSACTION: commit (unless doomed) or abort the open transaction, and
+ * say how it ended: TRANSACTION_RESULT.
  */
 void
 transaction_end(rd_kafka_t *rk, WireReader *r)
 {
 	bool		to_commit = wire_u8(r) != 0;
-	int32_t		len;
-	const char *value = wire_string(r, &len);
 	WireTransactionOutcome outcome = TRANSACTION_NONE;
 	rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR;
 	char		reason[512] = "";
@@ -257,16 +284,12 @@ transaction_end(rd_kafka_t *rk, WireReader *r)
 
 	if (r->failed)
 		return;
-	if (transaction_open && to_commit && value != NULL)
-		outcome = commit(rk, value, len, &code, reason, sizeof(reason));
+	if (transaction_open && transaction_doomed && to_commit)
+		snprintf(reason, sizeof(reason), "a progress record of it could not be produced");
+	if (transaction_open && to_commit && !transaction_doomed)
+		outcome = commit(rk, &code, reason, sizeof(reason));
 	else if (transaction_open)
-	{
-		rd_kafka_error_t *error = rd_kafka_abort_transaction(rk, -1);
-
-		outcome = TRANSACTION_ABORTED;
-		if (error != NULL)
-			code = report_error(error, "cannot abort the Kafka transaction");
-	}
+		outcome = abort_open(rk, &code);
 	transaction_open = false;
 
 	frame = begin_frame(WIRE_TRANSACTION_RESULT);

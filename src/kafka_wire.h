@@ -25,9 +25,12 @@
  *	  TEST_FATAL  raise a fatal producer error (outbox_simulate_fatal_error)
  *	  RECOVER     topic, from_offset, timeout_ms: for a transactional
  *	              producer, the first frame after READY (see "Transactions")
- *	  END_TRANSACTION  commit (u8), progress record: commit the open
- *	              transaction, with this record (split into as many as
- *	              message.max.bytes asks for), or (commit 0) abort it
+ *	  TRANSACTION_PROGRESS  progress record: the messages of the PRODUCE
+ *	              frame that follows, produced into the open transaction
+ *	              (begun first if none is), split into as many records as
+ *	              message.max.bytes asks for
+ *	  END_TRANSACTION  commit (u8): commit the open transaction, or
+ *	              (commit 0) abort it
  *	  (end of file: destroy the producer and exit)
  *
  *	Kafka process -> worker
@@ -52,8 +55,11 @@
  * as a read_committed consumer sees them, and the start record's offset,
  * from which the next RECOVER reads; gone counts the records retention
  * removed below from_offset.  Then each PRODUCE frame's messages go into
- * the open transaction, begun with the first of them, until
- * END_TRANSACTION, answered once every message's DELIVERY is sent.
+ * the open transaction, begun with the first of them, each frame after a
+ * TRANSACTION_PROGRESS that lists them, until END_TRANSACTION, answered
+ * once every message's DELIVERY is sent.  The worker commits only if each
+ * message listed was delivered: a committed transaction holds every
+ * message its progress records list.
  *
  * Within one PRODUCE frame the Kafka process keeps per-key order: once a
  * message of a (topic, key) cannot be handed to librdkafka, the later ones
@@ -169,7 +175,8 @@ typedef enum WireFrameType
 	WIRE_RECOVER,
 	WIRE_END_TRANSACTION,
 	WIRE_TRANSACTION_RESULT,
-	WIRE_PROGRESS
+	WIRE_PROGRESS,
+	WIRE_TRANSACTION_PROGRESS
 } WireFrameType;
 
 /* How a transaction ended: TRANSACTION_RESULT's outcome. */
@@ -182,8 +189,8 @@ typedef enum WireTransactionOutcome
 } WireTransactionOutcome;
 
 /*
- * A progress record, the value of the last record of each transaction, in
- * partition 0 of the progress topic, keyed by the transactional.id: "OBX1"
+ * A progress record, produced with the messages it lists into their
+ * transaction, in partition 0 of the progress topic, keyed by the transactional.id: "OBX1"
  * (its format's name and version), a kind, a count, and count x (message id, int64, and its
  * message_id, 16 bytes).  Its integers are little-endian: it outlives the
  * machine that wrote it.

@@ -16,14 +16,15 @@
  * until the next turn.  The commit does not wait for its WAL flush, but no
  * batch is produced before the worker's last commit is flushed
  * (make_last_commit_durable()).  So at most one batch is acknowledged and
- * not yet durably recorded, the most a crash can publish twice.  With
+ * not yet durably recorded, the most a crash can publish twice (none under
+ * exactly-once, which does not wait).  With
  * nothing in flight, the claimed batch is produced before the commit; a
  * partial one (one that neither outbox.batch_size nor
  * outbox.max_batch_bytes cut short) is also settled in that transaction,
  * which spares a second transaction per wake when messages come a few at a
  * time, and while it waits for Kafka, what commits meanwhile is claimed
  * into it and produced at once (claim_late()), unless the publisher
- * coalesces wakes.  Not so under outbox.synchronized_standby_slots: then
+ * coalesces wakes or publishes exactly once.  Not so under outbox.synchronized_standby_slots: then
  * every batch is produced after the commit, once the standbys have flushed
  * it (standby_slots.c), a wait that holds no transaction open.  Its
  * position is the later of the insert position read right after the claim
@@ -46,7 +47,6 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
@@ -55,7 +55,6 @@
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 
 #include "exactly_once.h"
 #include "metrics.h"
@@ -63,6 +62,7 @@
 #include "producer.h"
 #include "settings.h"
 #include "standby_slots.h"
+#include "statements.h"
 #include "store.h"
 #include "worker_slot.h"
 
@@ -339,12 +339,15 @@ claim_batch(Batch *batch, Oid extension, const Batch *in_flight)
  * named, confirmed by them).  Most often an application's commit, whose
  * flush came before it woke the worker, has flushed it already; and the
  * worker's turn no longer waits, with the application's messages that came
- * meanwhile, behind fsyncs queued by other commits.
+ * meanwhile, behind fsyncs queued by other commits.  Under exactly-once a
+ * lost commit publishes nothing twice (the next producer's start settles
+ * it from the progress records): no wait then.
  */
 static void
-make_last_commit_durable(void)
+make_last_commit_durable(OutboxProducer *producer)
 {
-	if (XactLastCommitEnd == InvalidXLogRecPtr || synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+	if (XactLastCommitEnd == InvalidXLogRecPtr || synchronous_commit == SYNCHRONOUS_COMMIT_OFF ||
+		producer_transactional(producer))
 		return;
 	XLogFlush(XactLastCommitEnd);
 	SyncRepWaitForLSN(XactLastCommitEnd, true);
@@ -362,7 +365,7 @@ produce_batch(Pipeline *p, Batch *batch)
 	if (batch->state != BATCH_CLAIMED || !producer_ready(p->producer))
 		return false;
 
-	make_last_commit_durable();
+	make_last_commit_durable(p->producer);
 	worker_report_state(WORKER_PUBLISHING);
 	producer_produce(p->producer, batch->messages, batch->count);
 	if (worker_take_fatal_error_drill())
@@ -455,29 +458,29 @@ holds_back_acknowledged(Batch *batch)
 
 /*
  * outbox.delivery = exactly_once: end the Kafka transaction of the batch's
- * messages produced since the last one ended.  It is committed, with the
- * progress record of those Kafka acknowledged, unless per-key order would
- * take one of them back (holds_back_acknowledged()) or the producer failed;
- * else aborted, and its messages are not sent: a read_committed consumer
- * never sees them, and they go again in a later transaction.  A message
- * that failed keeps its failure, to be retried or dead-lettered.  An
- * outcome in doubt fails the producer, whose successor's start settles it
- * (exactly_once.c).  Returns whether the producer still works.
+ * messages produced since the last one ended.  Its progress records list
+ * them all (producer_produce()): so it is committed only if Kafka
+ * acknowledged each of them, the producer works, and per-key order would
+ * take none of them back (holds_back_acknowledged()); else aborted, and
+ * its messages are not sent: a read_committed consumer never sees them,
+ * and they go again in a later transaction.  A message that failed keeps
+ * its failure, to be retried or dead-lettered.  An outcome in doubt fails
+ * the producer, whose successor's start settles it (exactly_once.c).
+ * Returns whether the producer still works.
  */
 static bool
 end_transaction(Pipeline *p, Batch *batch, bool healthy)
 {
-	char	   *record = NULL;
-	int			record_len = 0;
+	bool		commit = healthy && !holds_back_acknowledged(batch);
 	int64		progress_offset;
 	WireTransactionOutcome outcome;
 	TimestampTz committed_at;
 
-	if (healthy && !holds_back_acknowledged(batch))
-		record = exactly_once_progress_record(batch->messages, batch->count, &record_len);
-	if (record)
+	for (int i = 0; i < batch->count && commit; i++)
+		commit = !batch->messages[i].in_transaction || batch->messages[i].outcome == DELIVERY_OK;
+	if (commit)
 		worker_pause_if_asked(PAUSE_BEFORE_KAFKA_COMMIT, "outbox: paused before_kafka_commit");
-	outcome = producer_end_transaction(p->producer, record, record_len, &progress_offset);
+	outcome = producer_end_transaction(p->producer, commit, &progress_offset);
 	committed_at = GetCurrentTimestamp();
 	if (outcome == TRANSACTION_COMMITTED)
 		worker_pause_if_asked(PAUSE_AFTER_KAFKA_COMMIT, "outbox: paused after_kafka_commit");
@@ -678,13 +681,15 @@ put_in_id_order(Batch *batch)
 
 /*
  * May the batch take more?  Not once a limit ended a claim, nor while the
- * worker stops or the producer has failed.
+ * worker stops or the producer has failed; nor under exactly-once, where a
+ * message is seen when its transaction commits: what a late claim adds
+ * would hold back the commit of the messages produced before it.
  */
 static bool
 may_claim_late(Pipeline *p, Batch *batch)
 {
 	return !batch->full && batch->count < batch->room && !ShutdownRequestPending &&
-		!producer_failed_fatally(p->producer);
+		!producer_failed_fatally(p->producer) && !producer_transactional(p->producer);
 }
 
 /*
@@ -785,33 +790,18 @@ settle_batch(Pipeline *p, Batch *batch, Oid extension, bool late_claims)
 	batch->state = BATCH_SETTLED;
 }
 
-static void
-begin_turn_transaction(void)
-{
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "outbox: SPI_connect failed");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, "outbox: claiming a batch");
-}
-
 /*
- * Commit, without waiting for the WAL flush (see make_last_commit_durable());
- * CommitTransactionCommand() leaves TopMemoryContext current.  Then report
- * the turn's table statistics (at most once a second, as a backend does
- * between statements), so that autovacuum counts the rows the worker
- * deleted.
+ * Commit, without waiting for the WAL flush (see make_last_commit_durable()).
+ * Then report the turn's table statistics (at most once a second, as a
+ * backend does between statements), so that autovacuum counts the rows the
+ * worker deleted.
  */
 static void
 commit_turn_transaction(MemoryContext turn_context)
 {
-	SPI_finish();
-	PopActiveSnapshot();
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
 							 GUC_ACTION_LOCAL, true, 0, false);
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(turn_context);
+	statements_commit_transaction(turn_context);
 	pgstat_report_stat(false);
 }
 
@@ -828,7 +818,7 @@ turn_in_transaction(Pipeline *p, Batch *next, Batch *in_flight, bool late_claims
 {
 	Oid			extension;
 
-	begin_turn_transaction();
+	statements_begin_transaction("outbox: claiming a batch");
 	extension = store_find_extension();
 	if (OidIsValid(extension) && !ShutdownRequestPending)
 		claim_batch(next, extension, in_flight);

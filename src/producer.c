@@ -22,6 +22,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "exactly_once.h"
 #include "kafka_link.h"
 #include "producer.h"
 #include "settings.h"
@@ -577,22 +578,20 @@ producer_recover(OutboxProducer *producer, int64 from_offset, ProducerRecovery *
 }
 
 /*
- * End the open transaction: commit it with this progress record, or abort
- * it (record NULL).  Delivery reports still owed are read meanwhile.
+ * End the open transaction: commit it, or abort it.  Delivery reports still
+ * owed are read meanwhile.
  * Returns how it ended; TRANSACTION_UNKNOWN also when the Kafka process
  * died or did not answer, and the producer is then failed.  Sets
  * *progress_offset for a commit.
  */
 WireTransactionOutcome
-producer_end_transaction(OutboxProducer *producer, const char *record, int record_len,
-						 int64 *progress_offset)
+producer_end_transaction(OutboxProducer *producer, bool commit, int64 *progress_offset)
 {
 	StringInfoData frame;
 
 	initStringInfo(&frame);
 	kafka_link_begin_frame(&frame, WIRE_END_TRANSACTION);
-	kafka_link_put_u8(&frame, record != NULL);
-	kafka_link_put_bytes(&frame, record, record ? record_len : -1);
+	kafka_link_put_u8(&frame, commit);
 	producer->answered = false;
 	kafka_link_send(producer->link, &frame);
 	pfree(frame.data);
@@ -603,7 +602,7 @@ producer_end_transaction(OutboxProducer *producer, const char *record, int recor
 		producer->outcome = TRANSACTION_UNKNOWN;
 		worker_report_error(LOG, "the Kafka process did not say how the transaction ended: the next producer's start will");
 	}
-	else if (record != NULL && producer->outcome != TRANSACTION_COMMITTED)
+	else if (commit && producer->outcome != TRANSACTION_COMMITTED)
 		worker_report_error(LOG, "the Kafka transaction was %s: %s",
 							producer->outcome == TRANSACTION_ABORTED ? "aborted" :
 							"left in doubt", producer->answer_reason);
@@ -714,6 +713,25 @@ take_token(OutboxProducer *producer, OutboxMessage *message)
 }
 
 /*
+ * A transactional producer's messages go into its open transaction with
+ * their progress record, which the Kafka process produces before them.
+ */
+static void
+send_progress_record(OutboxProducer *producer, const OutboxMessage *messages, int count)
+{
+	StringInfoData frame;
+	int			len;
+	char	   *record = exactly_once_progress_record(messages, count, &len);
+
+	initStringInfo(&frame);
+	kafka_link_begin_frame(&frame, WIRE_TRANSACTION_PROGRESS);
+	kafka_link_put_bytes(&frame, record, len);
+	kafka_link_send(producer->link, &frame);
+	pfree(frame.data);
+	pfree(record);
+}
+
+/*
  * Hand messages to the Kafka process, in one frame, in their order.  Each
  * is DELIVERY_PENDING until its report; the Kafka process keeps their
  * per-key order when librdkafka refuses one at once.
@@ -723,6 +741,9 @@ producer_produce(OutboxProducer *producer, OutboxMessage *messages, int count)
 {
 	StringInfoData frame;
 	size_t		payload_bytes = 0;
+
+	if (producer->transactional)
+		send_progress_record(producer, messages, count);
 
 	/* one allocation the size of the batch, not doublings up to twice it */
 	for (int i = 0; i < count; i++)

@@ -10,6 +10,8 @@
 #ifndef OUTBOX_PRODUCER_H
 #define OUTBOX_PRODUCER_H
 
+#include "nodes/pg_list.h"
+
 #include "message.h"
 
 typedef struct OutboxProducer OutboxProducer;
@@ -41,8 +43,7 @@ extern bool producer_transactional(OutboxProducer *producer);
 extern bool producer_started(OutboxProducer *producer);
 extern bool producer_recover(OutboxProducer *producer, int64 from_offset,
 							 ProducerRecovery *recovery, char *errbuf, size_t errlen);
-extern WireTransactionOutcome producer_end_transaction(OutboxProducer *producer,
-													   const char *record, int record_len,
+extern WireTransactionOutcome producer_end_transaction(OutboxProducer *producer, bool commit,
 													   int64 *progress_offset);
 extern void producer_destroy(OutboxProducer *producer);
 extern bool producer_settings_changed(OutboxProducer *producer);

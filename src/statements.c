@@ -19,7 +19,9 @@
 #include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "lib/stringinfo.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -27,6 +29,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/snapmgr.h"
 
 #include "statements.h"
 
@@ -257,4 +260,32 @@ run_in_subtransaction(void (*run) (void *arg), void *arg)
 	MemoryContextSwitchTo(context);
 	CurrentResourceOwner = owner;
 	return error;
+}
+
+/*
+ * Begin one of a worker's own transactions, SPI connected and a snapshot
+ * pushed, and say what it does in pg_stat_activity.
+ */
+void
+statements_begin_transaction(const char *activity)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+}
+
+/*
+ * Commit it, and go back to the caller's memory context
+ * (CommitTransactionCommand() leaves TopMemoryContext current).
+ */
+void
+statements_commit_transaction(MemoryContext caller)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller);
 }

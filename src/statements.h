@@ -64,5 +64,7 @@ extern Datum statement_array(Datum *elements, int count, Oid type);
 extern int	statement_run_as(Oid role, const char *sql, int nargs, Oid *types, Datum *values,
 							 const char *nulls);
 extern ErrorData *run_in_subtransaction(void (*run) (void *arg), void *arg);
+extern void statements_begin_transaction(const char *activity);
+extern void statements_commit_transaction(MemoryContext caller);
 
 #endif							/* OUTBOX_STATEMENTS_H */

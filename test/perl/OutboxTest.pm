@@ -24,7 +24,8 @@ our @EXPORT = qw(brokers outbox_node unique_topic consume_topics wait_for_query
   broker_ctl cluster_ctl kafka_admin message_id_header run_pgbench inbox_check
   start_pgbench finish_pgbench start_load finish_load fault_check worker_exits
   backlog_drain_time enqueue_backlog refusing_topics committed_late
-  check_delivery slow_tests publishers_gone);
+  check_delivery slow_tests publishers_gone publisher_pid pause_publisher
+  exactly_once_crashes exactly_once_row);
 
 my $kafka_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../kafka');
 my $fault_dir = File::Spec->rel2abs(dirname(__FILE__) . '/../fault');
@@ -394,6 +395,92 @@ sub fault_check
 			"$scenario: duplicates within one batch per crash");
 	}
 	return $result;
+}
+
+# The publisher's pid: the outbox worker of the node's postgres database.
+sub publisher_pid
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox worker'");
+}
+
+# Pause the node's publisher at $point of its next batch
+# (outbox_simulate_pause()); returns once it is there.
+sub pause_publisher
+{
+	my ($node, $point) = @_;
+	$node->safe_psql('postgres', "SELECT outbox_simulate_pause('$point')");
+	ok(wait_for_query($node,
+			"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker'"
+			  . " AND query = 'outbox: paused $point'",
+			'1', 60),
+		"the publisher pauses at $point");
+}
+
+# The crashes of the exactly-once fault rows, by name, for a publisher
+# paused on $node; each ends the pause, by the crash or after it.  A
+# broker's crash is kill_broker's, given a sub that ends the pause (by
+# default the test broker's SIGKILL, back 2 s later, and then the pause
+# ended).
+sub exactly_once_crashes
+{
+	my ($node, %args) = @_;
+	my $resume = sub { $node->safe_psql('postgres', "SELECT outbox_simulate_pause('none')") };
+	my $kill_broker = $args{kill_broker} // sub {
+		my ($resume) = @_;
+		broker_ctl('kill');
+		sleep(2);
+		broker_ctl('start');
+		$resume->();
+	};
+	return {
+		'worker SIGKILL' => sub {
+			my $pid = publisher_pid($node);
+			kill 'KILL', $pid or die "cannot kill the worker: $!";
+			ok(wait_for_query($node,
+					"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox worker' AND pid <> $pid",
+					'1', 120),
+				'a new publisher starts');
+		},
+		'Kafka process SIGKILL' => sub {
+			my $pid = publisher_pid($node);
+			my $kafka = `pgrep -P $pid -x outbox_kafka`;
+			chomp $kafka;
+			ok($kafka =~ /^\d+$/, 'the publisher has a Kafka process') or return;
+			kill 'KILL', $kafka or die "cannot kill the Kafka process: $!";
+			$resume->();
+		},
+		'pg_ctl stop -m immediate' => sub {
+			$node->stop('immediate');
+			$node->start;
+		},
+		'broker SIGKILL' => sub { $kill_broker->($resume) },
+	};
+}
+
+# One row of the exactly-once fault suite, named $args{scenario}: under
+# load on a new topic (made with topic_options), the publisher paused at
+# $args{point}, the crash $args{crash} of $args{crashes}, and
+# fault_check's verdict with duplicates counted under read_committed.  Returns whether the server's
+# log says the next start recorded a transaction Kafka had committed.
+sub exactly_once_row
+{
+	my ($node, %args) = @_;
+	my $scenario = $args{scenario};
+	my @topics = (unique_topic('fault.eos'));
+	kafka_admin('create-topic', $_, @{ $args{topic_options} // [ '--partitions', 3 ] }) for @topics;
+
+	my $log_offset = -s $node->logfile;
+	my $load = start_load($node, topics => \@topics, duration => 12);
+	sleep(2);
+	pause_publisher($node, $args{point});
+	my $drain_s = backlog_drain_time($node, $args{crashes}{ $args{crash} });
+	finish_load($load);
+	fault_check($node, scenario => $scenario, topics => \@topics, drain_s => $drain_s,
+		crashes => 1, exactly_once => 1, console_consumer => $args{console_consumer});
+	return slurp_file($node->logfile, $log_offset) =~
+	  /committed before the publisher restarted are recorded as delivered/;
 }
 
 # The inbox's verdict on one scenario: what database $a_db of $a committed

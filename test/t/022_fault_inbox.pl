@@ -11,6 +11,10 @@
 #   - the handler failing for chosen keys, one transiently (its first
 #     attempts) and one always: the first is applied after its retries,
 #     the second's messages are dead-lettered, and every other key flows.
+# Every row runs twice: with A publishing at least once, then exactly once
+# (outbox.delivery = exactly_once: each batch a Kafka transaction, which
+# the inbox, reading with isolation.level=read_committed, sees only once
+# committed; the aborted ones' records are in the topic, and skipped).
 use strict;
 use warnings;
 
@@ -63,69 +67,75 @@ sub kill_and_wait_for_restart
 }
 
 my $n = 0;
-for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B',
-	'broker SIGKILL', 'publishing worker SIGKILL in A', 'handler failing for chosen keys')
+for my $delivery ('at_least_once', 'exactly_once')
 {
-	my $topic = unique_topic('fault.inbox');
-	my $failing = $fault =~ /handler/;
-	kafka_admin('create-topic', $topic, '--partitions', 3);
-	$n++;
-	my $handler = $failing ? 'apply_or_fail' : 'apply_message';
-	$coupons->safe_psql('postgres', qq{
-		SELECT inbox_subscribe('s$n', ARRAY['$topic'], '$handler(inbox_message)', max_attempts => 3,
-		                       run_as => 'coupon_svc')});
-	ok($coupons->poll_query_until('postgres', "SELECT count(*) FROM inbox_status WHERE topic = '$topic'", '3'),
-		"$fault: subscribed");
+	$shop->safe_psql('postgres', "ALTER SYSTEM SET outbox.delivery = '$delivery'; SELECT pg_reload_conf()");
+	ok(wait_for_query($shop, 'SHOW outbox.delivery', $delivery, 10), "A publishes $delivery");
+	for my $fault ('inbox worker SIGKILL mid-batch', 'pg_ctl stop -m immediate of B',
+		'broker SIGKILL', 'publishing worker SIGKILL in A', 'handler failing for chosen keys')
+	{
+		my $scenario = $delivery eq 'exactly_once' ? "exactly-once: $fault" : $fault;
+		my $topic = unique_topic('fault.inbox');
+		my $failing = $fault =~ /handler/;
+		kafka_admin('create-topic', $topic, '--partitions', 3);
+		$n++;
+		my $handler = $failing ? 'apply_or_fail' : 'apply_message';
+		$coupons->safe_psql('postgres', qq{
+			SELECT inbox_subscribe('s$n', ARRAY['$topic'], '$handler(inbox_message)', max_attempts => 3,
+			                       run_as => 'coupon_svc')});
+		ok($coupons->poll_query_until('postgres', "SELECT count(*) FROM inbox_status WHERE topic = '$topic'", '3'),
+			"$scenario: subscribed");
 
-	my $skipped_before = $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker');
-	my $load = start_load($shop, topics => [$topic], duration => $failing ? 10 : 15);
-	sleep(2);
-	enqueue_backlog($shop, $topic, 20000) unless $failing;
-	# the fault comes once the inbox is in the middle of the backlog
-	ok(wait_for_query($coupons, 'SELECT count(*) BETWEEN 100 AND 19000 FROM inbox_applied', 't', 60),
-		"$fault: the inbox is in the middle of the backlog")
-	  unless $fault =~ /in A|handler/;
-	if ($fault =~ /^inbox worker/)
-	{
-		kill_and_wait_for_restart($coupons, 'outbox inbox', $fault);
-	}
-	elsif ($fault =~ /immediate/)
-	{
-		$coupons->stop('immediate');
-		$coupons->start;
-	}
-	elsif ($fault =~ /broker/)
-	{
-		broker_ctl('kill');
+		my $skipped_before = $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker');
+		my $load = start_load($shop, topics => [$topic], duration => $failing ? 10 : 15);
 		sleep(2);
-		broker_ctl('start');
+		enqueue_backlog($shop, $topic, 20000) unless $failing;
+		# the fault comes once the inbox is in the middle of the backlog
+		ok(wait_for_query($coupons, 'SELECT count(*) BETWEEN 100 AND 19000 FROM inbox_applied', 't', 60),
+			"$scenario: the inbox is in the middle of the backlog")
+		  unless $fault =~ /in A|handler/;
+		if ($fault =~ /^inbox worker/)
+		{
+			kill_and_wait_for_restart($coupons, 'outbox inbox', $scenario);
+		}
+		elsif ($fault =~ /immediate/)
+		{
+			$coupons->stop('immediate');
+			$coupons->start;
+		}
+		elsif ($fault =~ /broker/)
+		{
+			broker_ctl('kill');
+			sleep(2);
+			broker_ctl('start');
+		}
+		elsif (!$failing)
+		{
+			ok(wait_for_query($shop, 'SELECT state FROM outbox_worker', 'publishing', 60),
+				"$scenario: A's worker is publishing");
+			kill_and_wait_for_restart($shop, 'outbox worker', $scenario);
+		}
+		finish_load($load);
+		# B's counter of duplicates skipped lives in its shared memory, which a
+		# restart of B clears
+		my $skipped = $fault =~ /of B|inbox worker/ ? undef
+		  : sub { $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker') - $skipped_before };
+		inbox_check($shop, $coupons, scenario => $scenario, topics => [$topic], skipped => $skipped,
+			$failing ? (dead_keys => ['key-7']) : ());
+		if ($failing)
+		{
+			is($coupons->safe_psql('postgres', q{
+				SELECT count(*) FILTER (WHERE key = 'key-3') > 0 AND count(*) FILTER (WHERE key = 'key-7') = 0
+				  FROM inbox_applied}), 't', "$scenario: key-3 is applied after its retries, key-7 never");
+			is($coupons->safe_psql('postgres', qq{
+				SELECT string_agg(DISTINCT format('%s %s %s', key, attempts, error), ';') FROM inbox_dead_letter
+				 WHERE subscription = 's$n'}), 'key-7 3 cannot apply key-7',
+				"$scenario: only key-7's messages are dead-lettered, each after 3 attempts");
+		}
+		$coupons->safe_psql('postgres',
+			"TRUNCATE inbox_applied; SELECT inbox_unsubscribe('s$n', discard_pending => true)");
+		$shop->safe_psql('postgres', 'TRUNCATE fault_log');
 	}
-	elsif (!$failing)
-	{
-		ok(wait_for_query($shop, 'SELECT state FROM outbox_worker', 'publishing', 60),
-			"$fault: A's worker is publishing");
-		kill_and_wait_for_restart($shop, 'outbox worker', $fault);
-	}
-	finish_load($load);
-	# B's counter of duplicates skipped lives in its shared memory, which a
-	# restart of B clears
-	my $skipped = $fault =~ /of B|inbox worker/ ? undef
-	  : sub { $coupons->safe_psql('postgres', 'SELECT duplicates FROM inbox_worker') - $skipped_before };
-	inbox_check($shop, $coupons, scenario => $fault, topics => [$topic], skipped => $skipped,
-		$failing ? (dead_keys => ['key-7']) : ());
-	if ($failing)
-	{
-		is($coupons->safe_psql('postgres', q{
-			SELECT count(*) FILTER (WHERE key = 'key-3') > 0 AND count(*) FILTER (WHERE key = 'key-7') = 0
-			  FROM inbox_applied}), 't', "$fault: key-3 is applied after its retries, key-7 never");
-		is($coupons->safe_psql('postgres', qq{
-			SELECT string_agg(DISTINCT format('%s %s %s', key, attempts, error), ';') FROM inbox_dead_letter
-			 WHERE subscription = 's$n'}), 'key-7 3 cannot apply key-7',
-			"$fault: only key-7's messages are dead-lettered, each after 3 attempts");
-	}
-	$coupons->safe_psql('postgres',
-		"TRUNCATE inbox_applied; SELECT inbox_unsubscribe('s$n', discard_pending => true)");
-	$shop->safe_psql('postgres', 'TRUNCATE fault_log');
 }
 
 $shop->stop('fast');

@@ -13,6 +13,9 @@
 #   its topic) aborts their transaction: it is dead-lettered alone, the
 #   others are published once for a read_committed consumer, while a
 #   read_uncommitted one sees the aborted copies too;
+# - a message librdkafka refuses before it reaches Kafka (over its
+#   message.max.bytes) aborts its transaction too, which a crash right after
+#   the next commit shows: it is dead-lettered, not taken for delivered;
 # - a transactional.id in outbox.kafka_properties and a progress topic
 #   Kafka would refuse are refused with 22023 and a hint;
 #   outbox_simulate_pause() is for superusers, and refuses an unknown point;
@@ -113,6 +116,37 @@ $node->safe_psql('postgres',
 	"ALTER SYSTEM SET outbox.kafka_properties = 'message.max.bytes=3000'; SELECT pg_reload_conf();");
 enqueue($split, 1, 500);
 published_once($split, 500, 'progress records split by message.max.bytes');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.kafka_properties; SELECT pg_reload_conf();');
+
+# A message librdkafka refuses before it reaches Kafka (larger than its
+# message.max.bytes), among others: their transaction lists it, so it
+# aborts.  Committed, a crash before the worker recorded it would have the
+# next start take the refused message for delivered.  So the server
+# crashes at the first Kafka commit that follows: the message is
+# dead-lettered all the same, and the others are published once.
+my $beside = unique_topic('eos.beside');
+kafka_admin('create-topic', $beside, '--partitions', 3);
+$node->safe_psql('postgres',
+	"ALTER SYSTEM SET outbox.kafka_properties = 'message.max.bytes=3000'; SELECT pg_reload_conf();");
+$node->safe_psql('postgres', "SELECT outbox_simulate_pause('after_kafka_commit')");
+$node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT outbox_enqueue('$beside', jsonb_build_object('n', i), 'k' || (i % 10)) FROM generate_series(1, 5) i;
+	SELECT outbox_enqueue('$beside', jsonb_build_object('n', 6, 'pad', repeat('x', 5000)), 'big');
+	COMMIT;});
+ok(wait_for_query($node,
+		"SELECT count(*) FROM pg_stat_activity WHERE query = 'outbox: paused after_kafka_commit'",
+		'1', 60),
+	'beside a message librdkafka refuses: the publisher pauses after a Kafka commit');
+$node->stop('immediate');
+$node->start;
+is($node->safe_psql('postgres', 'SHOW outbox.kafka_properties'), 'message.max.bytes=3000',
+	'the server restarted with message.max.bytes=3000');
+ok(wait_for_query($node,
+		"SELECT count(*) FROM outbox_dead_letter WHERE topic = '$beside' AND key = 'big'",
+		'1', 60),
+	'after the crash, the refused message is dead-lettered, not taken for delivered');
+published_once($beside, 5, 'the messages beside a refused one');
 $node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.kafka_properties; SELECT pg_reload_conf();');
 
 # Refused settings and calls.
