@@ -88,7 +88,10 @@ extern bool transaction_begin(rd_kafka_t *rk);
 extern bool transaction_note_delivery(const rd_kafka_message_t *m);
 extern void transaction_recover(rd_kafka_t *rk, WireReader *r);
 extern void transaction_progress(rd_kafka_t *rk, WireReader *r);
-extern void transaction_end(rd_kafka_t *rk, WireReader *r);
+extern void transaction_end(rd_kafka_t **rkp, WireReader *r);
+extern bool transaction_make_twin(char *reason, size_t reason_len);
+extern void transaction_poll_twin(void);
+extern void wake_on_queue(rd_kafka_t *handle);
 extern void transaction_close(rd_kafka_t *rk);
 
 #endif							/* OUTBOX_KAFKA_PROCESS_H */

@@ -350,7 +350,7 @@ configure_producer(WireReader *r, char *reason, size_t reason_len)
 	}
 	/* logs on the main queue, served by rd_kafka_poll() on this thread */
 	rd_kafka_set_log_queue(rk, NULL);
-	return true;
+	return transaction_make_twin(reason, reason_len);
 }
 
 /*
@@ -651,7 +651,7 @@ transaction_progress_frame(WireReader *r)
 static void
 end_transaction(WireReader *r)
 {
-	transaction_end(rk, r);
+	transaction_end(&rk, r);
 }
 
 /* The frames the producer mode serves. */
@@ -665,6 +665,16 @@ static const ModeFrame producer_frames[] = {
 	{WIRE_END_TRANSACTION, end_transaction},
 };
 
+/* Wake the process when the handle's main queue has something (wake_fds). */
+void
+wake_on_queue(rd_kafka_t *handle)
+{
+	rd_kafka_queue_t *main_queue = rd_kafka_queue_get_main(handle);
+
+	rd_kafka_queue_io_event_enable(main_queue, wake_fds[1], "!", 1);
+	rd_kafka_queue_destroy(main_queue);
+}
+
 /*
  * Serve the worker's frames and librdkafka's queue until the worker closes
  * the socket: flushing while messages are outstanding, else waiting.
@@ -673,9 +683,8 @@ int
 serve_producer(void)
 {
 	Buffer		in = {0};
-	rd_kafka_queue_t *main_queue = rd_kafka_queue_get_main(rk);
 
-	rd_kafka_queue_io_event_enable(main_queue, wake_fds[1], "!", 1);
+	wake_on_queue(rk);
 	for (;;)
 	{
 		write_to_worker();
@@ -686,13 +695,13 @@ serve_producer(void)
 			rd_kafka_flush(rk, FLUSH_SLICE_MS);
 		else
 			rd_kafka_poll(rk, 0);
+		transaction_poll_twin();
 	}
 
 	/* the worker is gone: what is not acknowledged is its to claim again */
 	transaction_close(rk);
 	rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 	rd_kafka_poll(rk, 0);
-	rd_kafka_queue_destroy(main_queue);
 	rd_kafka_destroy(rk);
 	forget_topics();
 	free(in.data);

@@ -20,13 +20,18 @@
  * fenced, or gone in an unknown state): the worker then makes a new
  * producer, whose RECOVER finds out.
  *
+ * Two producers take turns, a transaction each: the worker's, of its
+ * transactional.id, and its twin (see TWIN_SUFFIX).  Both key their
+ * progress records by the worker's transactional.id.  The worker's frames
+ * go to the producer whose turn it is; both queues are served.
+ *
  * RECOVER, the first frame after READY: init_transactions() fences every
- * earlier producer of the transactional.id and completes its last
- * transaction, committed or aborted; a start record, in a transaction of
- * its own, then marks where this producer's life begins.  The progress
- * records of the transactional.id from the worker's offset up to that mark
- * are read with isolation.level=read_committed, so those of the
- * transactions that committed and only those, and sent to the worker,
+ * earlier producer of each transactional.id and completes its last
+ * transaction, committed or aborted; a start record of each, in a
+ * transaction of its own, then marks where their life begins.  The
+ * progress records of the transactional.id from the worker's offset up to
+ * the later mark are read with isolation.level=read_committed, so those of
+ * the transactions that committed and only those, and sent to the worker,
  * which settles the messages they list that its database still holds.
  * Reading up to a record written after the fence, not up to the end the
  * brokers report, is what makes the read whole: the end a read_committed
@@ -63,6 +68,19 @@
 
 static char *transactional_id;	/* NULL: not a transactional producer */
 static rd_kafka_conf_t *reader_conf;	/* the producer's, for the reader */
+
+/*
+ * The producer's twin, of transactional.id + TWIN_SUFFIX, made with the
+ * same properties: the two take turns, a transaction each.  A transaction
+ * that begins on the producer whose last one just ended would have its
+ * partitions refused while the coordinator completes that one
+ * (CONCURRENT_TRANSACTIONS), and librdkafka asks again only 20 ms later,
+ * a fixed backoff; the twin's last transaction ended a whole batch ago.
+ * The worker's producer and its twin swap after each transaction ends.
+ */
+#define TWIN_SUFFIX "-twin"
+static rd_kafka_conf_t *twin_conf;
+static rd_kafka_t *twin;
 static char *progress_topic;
 static bool transaction_open;
 static bool transaction_doomed;	/* a progress record of it was not produced */
@@ -95,6 +113,11 @@ transaction_configure(rd_kafka_conf_t *conf)
 	if ((transactional_id = strdup(value)) == NULL)
 		die("out of memory");
 	reader_conf = rd_kafka_conf_dup(conf);
+	twin_conf = rd_kafka_conf_dup(conf);
+	if (strlen(value) + strlen(TWIN_SUFFIX) >= sizeof(value))
+		die("transactional.id too long");
+	strcat(value, TWIN_SUFFIX);
+	set_property(twin_conf, "transactional.id", value);
 
 	len = sizeof(value);
 	if (rd_kafka_conf_get(conf, "message.max.bytes", value, &len) != RD_KAFKA_CONF_OK)
@@ -104,6 +127,35 @@ transaction_configure(rd_kafka_conf_t *conf)
 		 PROGRESS_ENTRY_SIZE);
 	if (max_entries_per_record < 1)
 		max_entries_per_record = 1;
+}
+
+/*
+ * After the producer is made: make its twin.  Its logs and reports are on
+ * its main queue, which wakes the process as the producer's does.  Returns
+ * false, with the reason, if it could not be made.
+ */
+bool
+transaction_make_twin(char *reason, size_t reason_len)
+{
+	if (twin_conf == NULL)
+		return true;
+	twin = rd_kafka_new(RD_KAFKA_PRODUCER, twin_conf, reason, reason_len);
+	if (twin == NULL)
+		rd_kafka_conf_destroy(twin_conf);
+	twin_conf = NULL;			/* the twin's, if it was made */
+	if (twin == NULL)
+		return false;
+	rd_kafka_set_log_queue(twin, NULL);
+	wake_on_queue(twin);
+	return true;
+}
+
+/* Serve the twin's queue: its reports and logs. */
+void
+transaction_poll_twin(void)
+{
+	if (twin)
+		rd_kafka_poll(twin, 0);
 }
 
 /* Report an rd_kafka_error_t as an ERROR frame, and free it. */
@@ -274,8 +326,9 @@ commit(rd_kafka_t *rk, rd_kafka_resp_err_t *code, char *reason, size_t reason_le
  * say how it ended: TRANSACTION_RESULT.
  */
 void
-transaction_end(rd_kafka_t *rk, WireReader *r)
+transaction_end(rd_kafka_t **rkp, WireReader *r)
 {
+	rd_kafka_t *rk = *rkp;
 	bool		to_commit = wire_u8(r) != 0;
 	WireTransactionOutcome outcome = TRANSACTION_NONE;
 	rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR;
@@ -290,6 +343,11 @@ transaction_end(rd_kafka_t *rk, WireReader *r)
 		outcome = commit(rk, &code, reason, sizeof(reason));
 	else if (transaction_open)
 		outcome = abort_open(rk, &code);
+	if (transaction_open && twin && outcome != TRANSACTION_UNKNOWN)
+	{
+		*rkp = twin;
+		twin = rk;
+	}
 	transaction_open = false;
 
 	frame = begin_frame(WIRE_TRANSACTION_RESULT);
@@ -311,6 +369,14 @@ transaction_close(rd_kafka_t *rk)
 		if (error)
 			rd_kafka_error_destroy(error);
 	}
+	if (twin)
+	{
+		rd_kafka_purge(twin, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+		rd_kafka_poll(twin, 0);
+		rd_kafka_destroy(twin);
+	}
+	if (twin_conf)
+		rd_kafka_conf_destroy(twin_conf);
 	if (reader_conf)
 		rd_kafka_conf_destroy(reader_conf);
 	free(transactional_id);
@@ -354,7 +420,8 @@ typedef struct Recovery
 {
 	rd_kafka_resp_err_t error;
 	char		reason[512];
-	int64_t		start_offset;	/* the start record's: where the next RECOVER reads from */
+	int64_t		start_offset;	/* the first start record's: where the next RECOVER reads from */
+	int64_t		read_to;		/* the last start record's: the read ends there */
 	int64_t		gone;			/* records below the worker's offset that retention removed */
 	Buffer		records;		/* count x (value) of the progress records found */
 	uint32_t	count;
@@ -462,7 +529,9 @@ write_start_record(rd_kafka_t *rk, Recovery *rec)
 	transaction_open = false;
 	if (progress_offset < 0)
 		return failed(rec, progress_error, "the start record has no offset", NULL);
-	rec->start_offset = progress_offset;
+	if (rec->start_offset < 0)
+		rec->start_offset = progress_offset;
+	rec->read_to = progress_offset;
 	return true;
 }
 
@@ -531,7 +600,7 @@ read_progress(int64_t from, int timeout_ms, Recovery *rec)
 		}
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			err = m->err;
-		else if (m->offset >= rec->start_offset)
+		else if (m->offset >= rec->read_to)
 			done = true;
 		else
 			keep_record(rec, m);
@@ -558,6 +627,21 @@ answer_recovery(Recovery *rec)
 }
 
 /*
+ * Start one producer of the pair: fence its predecessors, and commit its
+ * start record.  The progress topic is made before the first's.
+ */
+static bool
+start_producer(rd_kafka_t *producer, int timeout_ms, Recovery *rec)
+{
+	rd_kafka_error_t *error = rd_kafka_init_transactions(producer, timeout_ms);
+
+	if (error != NULL)
+		return failed_with(rec, error, "cannot initialize Kafka transactions");
+	return (rec->start_offset >= 0 || ensure_progress_topic(producer, timeout_ms, rec)) &&
+		write_start_record(producer, rec);
+}
+
+/*
  * RECOVER: progress topic, the offset to read from (-1 the first time),
  * and how long each step may take.  Answers PROGRESS.
  */
@@ -568,7 +652,6 @@ transaction_recover(rd_kafka_t *rk, WireReader *r)
 	int64_t		from = wire_i64(r);
 	int32_t		timeout_ms = wire_i32(r);
 	Recovery	rec = {0};
-	rd_kafka_error_t *error;
 
 	if (r->failed || topic == NULL || !transactional_id)
 		die("malformed RECOVER frame");
@@ -576,10 +659,8 @@ transaction_recover(rd_kafka_t *rk, WireReader *r)
 	progress_topic = topic;
 	rec.start_offset = -1;
 
-	if ((error = rd_kafka_init_transactions(rk, timeout_ms)) != NULL)
-		failed_with(&rec, error, "cannot initialize Kafka transactions");
-	else if (ensure_progress_topic(rk, timeout_ms, &rec) &&
-			 write_start_record(rk, &rec) && from >= 0)
+	if (start_producer(rk, timeout_ms, &rec) && start_producer(twin, timeout_ms, &rec) &&
+		from >= 0)
 		read_progress(from, timeout_ms, &rec);
 	answer_recovery(&rec);
 }

@@ -126,8 +126,9 @@ $node->safe_psql('postgres', 'ALTER SYSTEM RESET outbox.kafka_properties; SELECT
 # dead-lettered all the same, and the others are published once.
 my $beside = unique_topic('eos.beside');
 kafka_admin('create-topic', $beside, '--partitions', 3);
-$node->safe_psql('postgres',
-	"ALTER SYSTEM SET outbox.kafka_properties = 'message.max.bytes=3000'; SELECT pg_reload_conf();");
+# (a restart, not a reload: no producer made before it takes the batch)
+$node->safe_psql('postgres', "ALTER SYSTEM SET outbox.kafka_properties = 'message.max.bytes=3000'");
+$node->restart;
 $node->safe_psql('postgres', "SELECT outbox_simulate_pause('after_kafka_commit')");
 $node->safe_psql('postgres', qq{
 	BEGIN;
