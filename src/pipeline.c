@@ -17,18 +17,18 @@
  * batch is produced before the worker's last commit is flushed
  * (make_last_commit_durable()).  So at most one batch is acknowledged and
  * not yet durably recorded, the most a crash can publish twice (none under
- * exactly-once, which does not wait).  With
- * nothing in flight, the claimed batch is produced before the commit; a
- * partial one (one that neither outbox.batch_size nor
- * outbox.max_batch_bytes cut short) is also settled in that transaction,
- * which spares a second transaction per wake when messages come a few at a
- * time, and while it waits for Kafka, what commits meanwhile is claimed
- * into it and produced at once (claim_late()), unless the publisher
- * coalesces wakes or publishes exactly once.  Not so under outbox.synchronized_standby_slots: then
- * every batch is produced after the commit, once the standbys have flushed
- * it (standby_slots.c), a wait that holds no transaction open.  Its
- * position is the later of the insert position read right after the claim
- * and the end of the turn's commit.
+ * exactly-once, which does not wait).  With nothing in flight, the claimed
+ * batch is produced before the commit; a partial one (one that neither
+ * outbox.batch_size nor outbox.max_batch_bytes cut short) is also settled
+ * in that transaction, which spares a second transaction per wake when
+ * messages come a few at a time, and while it waits for Kafka, what
+ * commits meanwhile is claimed into it and produced at once
+ * (claim_late()), unless the publisher coalesces wakes or publishes
+ * exactly once.  Not so under
+ * outbox.synchronized_standby_slots: then every batch is produced after the
+ * commit, once the standbys have flushed it (standby_slots.c), a wait that
+ * holds no transaction open.  Its position is the later of the insert
+ * position read right after the claim and the end of the turn's commit.
  *
  * A claimed batch is produced only if the batch settled before it went
  * through whole: a message to retry holds back the later messages of its
